@@ -24,7 +24,8 @@ class Section(BaseModel):
 class TargetParams(Section):
     # A packaged name (see PACKAGED_TARGETS), a local HF folder, or a hub id.
     source: str = "smollm2-135m-instruct"
-    dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
+    # auto = bfloat16 where the hardware computes it natively (AMX, AVX512-BF16, GPU), else float32.
+    dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     # Threads for torch on CPU; null = torch's default (all cores).
     threads: int | None = Field(default=None, ge=1)
 
@@ -111,6 +112,8 @@ class EvalParams(Section):
     seed: int = 0
     dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
     prompt_lookup: bool = True
+    # transformers' prompt_lookup_num_tokens for the prompt-lookup peer.
+    prompt_lookup_tokens: int = Field(default=4, ge=1, le=64)
 
     @model_validator(mode="after")
     def _tree_budget(self) -> EvalParams:

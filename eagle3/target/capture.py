@@ -8,9 +8,9 @@ layer i (0-indexed), which is HF's `hidden_states[i + 1]`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from torch import nn

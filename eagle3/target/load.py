@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from eagle3.device import DTYPES, resolve_dtype  # noqa: F401 - DTYPES re-exported for callers
 from eagle3.params import PACKAGED_TARGETS, TargetParams
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,7 @@ def load_target(params: TargetParams) -> Target:
     if params.threads:
         torch.set_num_threads(params.threads)
     path = resolve_target(params.source)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[params.dtype])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(params.dtype))
     model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return Target(model=model, tokenizer=tokenizer, path=path, source=params.source)

@@ -1,0 +1,239 @@
+"""The extraction loop: conversations -> (optional self-distillation) -> one captured forward -> shards.
+
+Work is cut into shards of `extract.shard_samples` samples, each processed in batches that
+never straddle a shard, so an interrupted run that resumes at a shard boundary computes
+exactly what an uninterrupted run would (byte-identical shards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from safetensors import safe_open
+
+from eagle3.data.conversations import Message, load_conversations, sample_order
+from eagle3.data.render import Rendered, render_conversation
+from eagle3.data.store import (
+    JOURNAL,
+    MANIFEST,
+    SCHEMA_VERSION,
+    Sample,
+    read_journal,
+    write_journal,
+    write_shard,
+    write_tokens,
+)
+from eagle3.params import Params
+from eagle3.stageio import write_json
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import Target, has_chat_template
+
+
+@dataclass
+class Selected:
+    messages: list[Message]
+    rendered: Rendered
+
+
+def select_conversations(params: Params, tokenizer, chat: bool) -> list[Selected]:
+    """The first `data.num_samples` conversations of a seeded order that have enough assistant tokens."""
+    data = params.data
+    conversations = load_conversations(data.source)
+    chosen: list[Selected] = []
+    for index in sample_order(len(conversations), data.seed):
+        rendered = render_conversation(tokenizer, conversations[index], data.max_length, chat)
+        if int(rendered.loss_mask.sum()) >= data.min_assistant_tokens:
+            chosen.append(Selected(conversations[index], rendered))
+            if len(chosen) == data.num_samples:
+                return chosen
+    raise ValueError(
+        f"data.num_samples: asked for {data.num_samples}, but {data.source} has only {len(chosen)} "
+        f"conversations with >= {data.min_assistant_tokens} assistant tokens (allowed: <= {len(chosen)})"
+    )
+
+
+def first_exchange(messages: list[Message]) -> list[Message]:
+    """System prompt (if any) and first user turn: what self-distillation answers."""
+    head = []
+    for message in messages:
+        head.append(message)
+        if message["role"] == "user":
+            return head
+    return head
+
+
+@torch.no_grad()
+def regenerate(target: Target, batch: list[list[Message]], params: Params, chat: bool) -> list[list[Message]]:
+    """The target answers each first user turn itself (greedy, batched, left-padded)."""
+    tokenizer = target.tokenizer
+    prompts = [first_exchange(m) for m in batch]
+    texts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        if chat
+        else p[-1]["content"]
+        for p in prompts
+    ]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(
+        texts,
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=not chat,
+        truncation=True,
+        max_length=params.data.max_length,
+    )
+    out = target.model.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=params.data.regenerate_max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+    replies = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+    return [
+        p + [{"role": "assistant", "content": r.strip() or "."}]
+        for p, r in zip(prompts, replies, strict=True)
+    ]
+
+
+def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped by length (little padding) so that rows x longest <= batch_tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@torch.no_grad()
+def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int]) -> list[Sample]:
+    longest = max(len(r.input_ids) for r in rendered)
+    pad = target.tokenizer.pad_token_id or 0
+    ids = torch.full((len(rendered), longest), pad, dtype=torch.long)
+    attention = torch.zeros((len(rendered), longest), dtype=torch.long)
+    for row, r in enumerate(rendered):
+        ids[row, : len(r.input_ids)] = torch.from_numpy(r.input_ids)
+        attention[row, : len(r.input_ids)] = 1
+    with capture_hidden_states(target.decoder_layers, target.final_norm, aux_layers) as captured:
+        # The base model only: the lm_head (V x H per token) is not needed here.
+        target.model.model(input_ids=ids, attention_mask=attention, use_cache=False)
+    aux, last = captured.aux_hidden(), captured.last
+    samples = []
+    for row, r in enumerate(rendered):
+        n = len(r.input_ids)
+        samples.append(
+            Sample(
+                input_ids=torch.from_numpy(r.input_ids.copy()),
+                loss_mask=torch.from_numpy(r.loss_mask.copy()),
+                aux_hidden=aux[row, :n].to(torch.bfloat16).clone(),
+                last_hidden=last[row, :n].to(torch.bfloat16).clone(),
+            )
+        )
+    return samples
+
+
+def config_hash(params: Params, fingerprint: dict) -> str:
+    material = {"data": params.data.model_dump(), "extract": params.extract.model_dump(), "fp": fingerprint}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]extract"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("samples"),
+        TextColumn("{task.fields[tok_s]:>7,.0f} tok/s"),
+        TimeRemainingColumn(),
+    )
+
+
+def extract_features(
+    target: Target,
+    params: Params,
+    aux_layers: list[int],
+    fingerprint: dict,
+    out_dir: Path,
+    stop_after_shards: int | None = None,
+) -> dict:
+    """Fill `out_dir` with shards, token file and manifest; resumes an interrupted run of the same config.
+
+    `stop_after_shards` ends the run early (as an interruption would), for tests.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chat = has_chat_template(target.source)
+    key = config_hash(params, fingerprint)
+    (out_dir / MANIFEST).unlink(missing_ok=True)  # the folder is incomplete until the end
+    done = read_journal(out_dir, key)
+    for stale in out_dir.glob("shard-*.safetensors"):  # shards not vouched for by the journal
+        if stale.name not in {entry["file"] for entry in done}:
+            stale.unlink()
+
+    selected = select_conversations(params, target.tokenizer, chat)
+    per_shard = params.extract.shard_samples
+    groups = [selected[i : i + per_shard] for i in range(0, len(selected), per_shard)]
+    shards = list(done)
+    tokens_done, started = 0, time.perf_counter()
+    with _progress() as progress:
+        task = progress.add_task("extract", total=len(selected), tok_s=0.0)
+        for index, group in enumerate(groups):
+            if index < len(done):
+                progress.advance(task, len(group))
+                continue
+            if stop_after_shards is not None and index >= stop_after_shards:
+                return {"interrupted_after": index}
+            rendered = [s.rendered for s in group]
+            if params.data.regenerate:
+                rendered = []
+                size = params.data.regenerate_batch_size
+                for lo in range(0, len(group), size):
+                    answered = regenerate(target, [s.messages for s in group[lo : lo + size]], params, chat)
+                    rendered += [
+                        render_conversation(target.tokenizer, m, params.data.max_length, chat)
+                        for m in answered
+                    ]
+            samples: list[Sample | None] = [None] * len(group)
+            for batch in token_batches([len(r.input_ids) for r in rendered], params.extract.batch_tokens):
+                captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
+                for i, sample in zip(batch, captured, strict=True):
+                    samples[i] = sample
+                tokens_done += sum(len(rendered[i].input_ids) for i in batch)
+                progress.update(task, advance=len(batch), tok_s=tokens_done / (time.perf_counter() - started))
+            shards.append(write_shard(out_dir, index, samples))
+            write_journal(out_dir, key, shards)
+
+    # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
+    ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
+    for entry in shards:
+        with safe_open(str(out_dir / entry["file"]), framework="pt") as f:
+            ids.append(f.get_tensor("input_ids"))
+            masks.append(f.get_tensor("loss_mask"))
+            offsets.append(f.get_tensor("offsets")[1:] + offsets[-1][-1])
+    write_tokens(out_dir, torch.cat(ids), torch.cat(masks), torch.cat(offsets))
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": fingerprint,
+        "aux_layers": list(aux_layers),
+        "dtype": "bfloat16",
+        "hidden_size": target.hidden_size,
+        "num_samples": len(selected),
+        "num_tokens": sum(s["tokens"] for s in shards),
+        "num_loss_tokens": int(sum(int(m.sum()) for m in masks)),
+        "bytes_per_token": (3 + 1) * target.hidden_size * 2 + 4 + 1,
+        "data": params.data.model_dump(),
+        "shards": shards,
+    }
+    write_json(out_dir / MANIFEST, manifest)
+    (out_dir / JOURNAL).unlink(missing_ok=True)
+    return manifest

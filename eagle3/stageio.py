@@ -1,0 +1,71 @@
+"""Small, deterministic file writers shared by the stages.
+
+Outputs must be byte-identical for the same params and inputs (so DVC never invalidates a
+descendant for nothing), and must never be left half-written: everything goes through a
+temporary file that is renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO_STAGES = ("patch-check", "extract", "vocab-map", "train", "speculative-eval")
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN/inf; None keeps the file valid and readable by `dvc exp show`.
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Deterministic JSON (sorted keys, fixed indent), written atomically."""
+    text = json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n"
+    write_bytes(path, text.encode())
+
+
+def write_csv(path: str | Path, header: list[str], rows: list[list[Any]]) -> None:
+    lines = [",".join(header)] + [",".join(_fmt(v) for v in row) for row in rows]
+    write_bytes(path, ("\n".join(lines) + "\n").encode())
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def metrics_path(stage: str) -> Path:
+    return Path("metrics") / f"{stage}.json"
+
+
+def write_metrics(stage: str, metrics: dict[str, Any]) -> Path:
+    path = metrics_path(stage)
+    write_json(path, metrics)
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())

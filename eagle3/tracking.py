@@ -1,0 +1,146 @@
+"""MLflow glue: one MLflow run per pipeline run / DVC experiment, shared by all its stages.
+
+DVC runs each stage in its own process, so the stages find their common run by a tag: the
+hash of the validated params plus the DVC experiment name and git revision. The embedded
+default store is anchored at the repo root taken from DVC_ROOT, because a queued
+`dvc exp run` executes in a temporary copy that is deleted afterwards (a relative URI would
+lose the run); DVC points DVC_ROOT at the parent repo for those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from eagle3.params import Params
+from eagle3.stageio import REPO_STAGES, metrics_path, read_json
+
+RUN_KEY_TAG = "eagle3.run_key"
+
+
+def repo_root() -> Path:
+    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
+
+
+def tracking_uri(params: Params) -> str:
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    if params.tracking.uri:
+        return params.tracking.uri
+    return f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def git_revision(cwd: Path | None = None) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_tags() -> dict[str, str]:
+    tags = {"git_revision": os.environ.get("DVC_EXP_BASELINE_REV") or git_revision()}
+    for var in ("DVC_EXP_NAME", "DVC_EXP_BASELINE_REV"):
+        if os.environ.get(var):
+            tags[var] = os.environ[var]
+    return tags
+
+
+def run_key(params: Params) -> str:
+    tags = run_tags()
+    material = json.dumps(
+        {"params": params.flat(), "exp": tags.get("DVC_EXP_NAME", ""), "rev": tags["git_revision"]},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def numeric_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Flatten nested metrics into MLflow's {name: float}; non-numbers are dropped."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(numeric_metrics(value, name + "."))
+        elif isinstance(value, bool):
+            flat[name] = float(value)
+        elif isinstance(value, (int, float)) and value == value:  # drop NaN
+            flat[name] = float(value)
+    return flat
+
+
+class StageRun:
+    """What a stage may log; a no-op when tracking is disabled."""
+
+    def __init__(self, mlflow_module: Any | None, run_id: str | None):
+        self._mlflow = mlflow_module
+        self.run_id = run_id
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if self._mlflow is not None:
+            flat = numeric_metrics(metrics)
+            if flat:
+                self._mlflow.log_metrics(flat, step=step)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if self._mlflow is not None and Path(path).exists():
+            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def _experiment_id(mlflow: Any, name: str) -> str:
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    artifacts = (repo_root() / "mlartifacts").as_uri()
+    return mlflow.create_experiment(name, artifact_location=artifacts)
+
+
+def _find_or_create_run(mlflow: Any, experiment_id: str, key: str, params: Params) -> str:
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
+        output_format="list",
+        max_results=1,
+    )
+    if found:
+        return found[0].info.run_id
+    tags = run_tags() | {RUN_KEY_TAG: key}
+    name = tags.get("DVC_EXP_NAME") or f"repro-{key[:8]}"
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=tags)
+    mlflow.log_params({k: json.dumps(v) if isinstance(v, list) else v for k, v in params.flat().items()})
+    mlflow.end_run()
+    return run.info.run_id
+
+
+@contextmanager
+def pipeline_run(params: Params, stage: str) -> Iterator[StageRun]:
+    """The MLflow run of this pipeline run, opened for `stage`.
+
+    On entry, the metrics files of the stages upstream of `stage` are logged too: DVC may
+    have skipped those stages, and the run must still show the whole pipeline's numbers.
+    """
+    if not params.tracking.enabled:
+        yield StageRun(None, None)
+        return
+    import mlflow  # noqa: PLC0415 - slow import, only when tracking is on
+
+    mlflow.set_tracking_uri(tracking_uri(params))
+    experiment_id = _experiment_id(mlflow, params.tracking.experiment)
+    run_id = _find_or_create_run(mlflow, experiment_id, run_key(params), params)
+    with mlflow.start_run(run_id=run_id):
+        mlflow.set_tag(f"eagle3.stage.{stage}", "ran")
+        run = StageRun(mlflow, run_id)
+        for upstream in REPO_STAGES[: REPO_STAGES.index(stage)]:
+            path = metrics_path(upstream)
+            if path.exists():
+                run.log_metrics(read_json(path))
+        yield run

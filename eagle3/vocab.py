@@ -1,0 +1,92 @@
+"""Draft vocabulary: the K most frequent target tokens under the loss mask, as d2t / t2d.
+
+Convention (SGLang / EAGLE-3): draft ids are the chosen target ids sorted ascending, and
+    target_id = draft_id + d2t[draft_id]        d2t: int64 [K]
+    t2d[target_id] = target_id is in the draft vocabulary    t2d: bool [V]
+K >= V gives the identity (d2t all zero, t2d all true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save
+
+from eagle3.stageio import read_json, write_bytes, write_json
+
+MAPPING = "mapping.safetensors"
+META = "vocab.json"
+
+
+@dataclass
+class VocabMap:
+    d2t: torch.Tensor  # int64 [K]
+    t2d: torch.Tensor  # bool [V]
+    counts: np.ndarray  # int64 [V], loss-masked occurrences per target token
+    distinct_seen: int  # target tokens that occur at all under the mask
+
+    @property
+    def draft_size(self) -> int:
+        return len(self.d2t)
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        return torch.arange(self.draft_size) + self.d2t
+
+    @property
+    def unseen_filled(self) -> int:
+        """Draft slots filled with never-seen tokens (lowest ids first) because K > distinct_seen."""
+        return max(0, self.draft_size - self.distinct_seen)
+
+    def coverage(self) -> float:
+        total = int(self.counts.sum())
+        return float(self.counts[self.draft_to_target.numpy()].sum() / total) if total else 0.0
+
+
+def count_tokens(input_ids: np.ndarray, loss_mask: np.ndarray, vocab_size: int) -> np.ndarray:
+    ids = input_ids[loss_mask.astype(bool)].astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+            f"token ids outside the target vocabulary 0..{vocab_size - 1}: features from another model?"
+        )
+    return np.bincount(ids, minlength=vocab_size)
+
+
+def frequency_order(counts: np.ndarray) -> np.ndarray:
+    """Target ids by descending count, ties broken by ascending id."""
+    return np.lexsort((np.arange(len(counts)), -counts))
+
+
+def build_vocab_map(counts: np.ndarray, size: int) -> VocabMap:
+    vocab_size = len(counts)
+    k = min(size, vocab_size)
+    chosen = np.sort(frequency_order(counts)[:k])
+    d2t = torch.from_numpy(chosen - np.arange(k)).to(torch.int64)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[torch.from_numpy(chosen)] = True
+    return VocabMap(d2t=d2t, t2d=t2d, counts=counts, distinct_seen=int((counts > 0).sum()))
+
+
+def coverage_curve(counts: np.ndarray, sizes: list[int]) -> list[tuple[int, float]]:
+    """Coverage at each K of `sizes` (capped at V, V itself added), from one sort of the counts."""
+    total = counts.sum()
+    cumulative = np.cumsum(np.sort(counts)[::-1])
+    grid = sorted({min(k, len(counts)) for k in sizes} | {len(counts)})
+    return [(k, float(cumulative[k - 1] / total) if total else 0.0) for k in grid]
+
+
+def save_vocab_map(vocab: VocabMap, out_dir: Path, meta: dict) -> None:
+    write_bytes(out_dir / MAPPING, save({"d2t": vocab.d2t.contiguous(), "t2d": vocab.t2d.contiguous()}))
+    write_json(out_dir / META, meta)
+
+
+def load_mapping(folder: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(d2t int64 [K], t2d bool [V], metadata) of a vocab-map output folder."""
+    folder = Path(folder)
+    if not (folder / MAPPING).exists():
+        raise FileNotFoundError(f"{folder} holds no {MAPPING}: run the vocab-map stage first")
+    tensors = load_file(str(folder / MAPPING))
+    return tensors["d2t"], tensors["t2d"], read_json(folder / META)

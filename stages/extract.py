@@ -1,0 +1,49 @@
+"""Stage extract: conversations -> captured aux/last hidden states in a sharded feature store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from eagle3.data.extract import extract_features
+from eagle3.stageio import read_json, write_metrics
+from eagle3.target.load import load_target
+from eagle3.tracking import pipeline_run
+from stages.common import console, reported_failures, validated_params
+
+OUT = Path("artifacts/extract")
+REPORT = Path("artifacts/patch-check/report.json")
+
+
+def main() -> None:
+    params = validated_params()
+    with reported_failures("extract"):
+        if not REPORT.exists():
+            raise FileNotFoundError(f"{REPORT} is missing: run the patch-check stage first")
+        fingerprint = read_json(REPORT)["fingerprint"]
+        if fingerprint["target_source"] != params.target.source:
+            raise ValueError(
+                f"target.source is '{params.target.source}' but {REPORT} checked "
+                f"'{fingerprint['target_source']}': run patch-check again"
+            )
+        target = load_target(params.target)
+        started = time.perf_counter()
+        manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT)
+        seconds = time.perf_counter() - started
+        metrics = {
+            "num_samples": manifest["num_samples"],
+            "num_tokens": manifest["num_tokens"],
+            "num_loss_tokens": manifest["num_loss_tokens"],
+            "bytes_per_token": manifest["bytes_per_token"],
+            "extract_tokens_per_s": round(manifest["num_tokens"] / seconds, 1),
+        }
+        write_metrics("extract", metrics)
+        with pipeline_run(params, "extract") as run:
+            run.log_metrics(metrics)
+    console.print(
+        f"extracted {manifest['num_tokens']:,} tokens of {manifest['num_samples']} samples in {seconds:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

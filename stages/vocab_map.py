@@ -1,0 +1,50 @@
+"""Stage vocab-map: the draft vocabulary (d2t/t2d) from loss-masked token counts, plus the coverage curve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle3.data.store import FeatureStore
+from eagle3.stageio import write_csv, write_metrics
+from eagle3.tracking import pipeline_run
+from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
+from stages.common import console, reported_failures, validated_params
+
+FEATURES = Path("artifacts/extract")
+OUT = Path("artifacts/vocab-map")
+
+
+def main() -> None:
+    params = validated_params()
+    with reported_failures("vocab-map"):
+        store = FeatureStore(FEATURES)
+        tokens = store.tokens()
+        fp = store.fingerprint
+        counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp["vocab_size"])
+        vocab = build_vocab_map(counts, params.vocab.size)
+        coverage = vocab.coverage()
+        metrics = {
+            "draft_vocab_size": vocab.draft_size,
+            "target_vocab_size": fp["vocab_size"],
+            "coverage": round(coverage, 6),
+            "lm_head_params": vocab.draft_size * fp["hidden_size"],
+            "distinct_tokens_seen": vocab.distinct_seen,
+            "unseen_tokens_filled": vocab.unseen_filled,
+        }
+        meta = metrics | {"tokenizer_sha256": fp["tokenizer_sha256"], "target_sha256": fp["target_sha256"]}
+        save_vocab_map(vocab, OUT, meta)
+        curve = coverage_curve(counts, params.vocab.coverage_grid + [vocab.draft_size])
+        write_csv(Path("plots/coverage.csv"), ["draft_vocab_size", "coverage"], [list(p) for p in curve])
+        write_metrics("vocab-map", metrics)
+        with pipeline_run(params, "vocab-map") as run:
+            run.log_metrics(metrics)
+    if vocab.unseen_filled:
+        console.print(
+            f"[yellow]only {vocab.distinct_seen} distinct tokens seen; "
+            f"{vocab.unseen_filled} draft slots filled with unseen tokens (lowest ids)"
+        )
+    console.print(f"draft vocab {vocab.draft_size:,} of {fp['vocab_size']:,}: coverage {coverage:.4f}")
+
+
+if __name__ == "__main__":
+    main()
