@@ -1,0 +1,142 @@
+"""Extraction data path on the real SmolLM2 at tiny sizes: ShareGPT parsing, loss masks,
+the shard store, resume after interruption, and corruption detection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle3.data.conversations import load_conversations, normalise, read_complete_records
+from eagle3.data.extract import extract_features
+from eagle3.data.render import render_conversation
+from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore
+from eagle3.params import parse_params
+from eagle3.target.patch_check import fingerprint
+
+AUX = [1, 14, 26]
+
+
+def test_truncated_json_array_keeps_complete_records():
+    text = json.dumps([{"id": i, "conversations": []} for i in range(3)])
+    cut = text[: text.rindex('{"id": 2') + 12]  # the last record is cut off
+    assert [r["id"] for r in read_complete_records(cut)] == [0, 1]
+
+
+def test_packaged_sharegpt_loads_complete_conversations():
+    conversations = load_conversations("sharegpt")
+    assert len(conversations) > 15_000
+    assert all(c[0]["role"] in ("user", "system") for c in conversations[:100])
+
+
+def test_roles_are_normalised_and_alternate():
+    turns = [
+        {"from": "gpt", "value": "orphan"},
+        {"from": "human", "value": "hi"},
+        {"from": "bard", "value": "hello"},
+        {"from": "chatgpt", "value": "again"},
+    ]
+    assert normalise(turns) == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+def test_loss_mask_covers_exactly_the_assistant_turns(smollm2):
+    tok = smollm2.tokenizer
+    messages = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Another?"},
+        {"role": "assistant", "content": "Green."},
+    ]
+    rendered = render_conversation(tok, messages, max_length=512)
+    masked = tok.decode(rendered.input_ids[rendered.loss_mask == 1])
+    assert masked == "Blue.<|im_end|>\nGreen.<|im_end|>\n"
+    full = tok.apply_chat_template(messages, tokenize=False)
+    assert tok.decode(rendered.input_ids) == full
+    short = render_conversation(tok, messages, max_length=10)
+    assert len(short.input_ids) == 10
+
+
+def tiny_params(**data):
+    return parse_params(
+        {
+            "target": {"dtype": "float32"},
+            "data": {"num_samples": 6, "max_length": 40, "seed": 3} | data,
+            "extract": {"shard_samples": 2, "batch_tokens": 128},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def fp(smollm2):
+    return fingerprint(smollm2, AUX)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(smollm2, fp, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    extract_features(smollm2, tiny_params(), AUX, fp, out)
+    return out
+
+
+def test_store_layout_and_contents(uninterrupted, smollm2):
+    store = FeatureStore(uninterrupted)
+    store.verify()
+    assert len(store) == 6 and len(store.shards) == 3
+    sample = store.sample(4)
+    t = len(sample["input_ids"])
+    assert sample["input_ids"].dtype == torch.int32 and sample["loss_mask"].dtype == torch.uint8
+    assert sample["aux_hidden"].shape == (t, 3 * 576) and sample["aux_hidden"].dtype == torch.bfloat16
+    assert sample["last_hidden"].shape == (t, 576)
+    # stored states are the target's own: recompute sample 4 alone and compare (bf16 rounding)
+    with torch.no_grad():
+        out = smollm2.model(sample["input_ids"].long()[None], output_hidden_states=True)
+    assert torch.allclose(sample["last_hidden"].float(), out.hidden_states[-1][0], atol=0.05, rtol=0.02)
+    assert torch.allclose(
+        sample["aux_hidden"][:, 576:1152].float(), out.hidden_states[15][0], atol=0.05, rtol=0.02
+    )
+    manifest = json.loads((uninterrupted / MANIFEST).read_text())
+    assert manifest["bytes_per_token"] == (3 + 1) * 576 * 2 + 4 + 1
+    tokens = store.tokens()
+    assert tokens["offsets"].tolist()[-1] == manifest["num_tokens"] == len(tokens["input_ids"])
+    assert torch.equal(tokens["input_ids"][tokens["offsets"][4] : tokens["offsets"][5]], sample["input_ids"])
+
+
+def test_interrupted_extraction_resumes_to_identical_files(smollm2, fp, uninterrupted, tmp_path):
+    params = tiny_params()
+    partial = extract_features(smollm2, params, AUX, fp, tmp_path, stop_after_shards=2)
+    assert partial == {"interrupted_after": 2}
+    assert (tmp_path / JOURNAL).exists() and not (tmp_path / MANIFEST).exists()
+    first = (tmp_path / "shard-00000.safetensors").stat()
+    extract_features(smollm2, params, AUX, fp, tmp_path)
+    again = (tmp_path / "shard-00000.safetensors").stat()
+    assert (first.st_ino, first.st_mtime_ns) == (again.st_ino, again.st_mtime_ns)  # not recomputed
+    assert not (tmp_path / JOURNAL).exists()
+    names = sorted(p.name for p in uninterrupted.iterdir())
+    assert names == sorted(p.name for p in tmp_path.iterdir())
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (uninterrupted / name).read_bytes(), name
+
+
+def test_resume_recomputes_a_damaged_shard_and_ignores_another_config(smollm2, fp, uninterrupted, tmp_path):
+    extract_features(smollm2, tiny_params(), AUX, fp, tmp_path, stop_after_shards=2)
+    shard = tmp_path / "shard-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated by a crash
+    extract_features(smollm2, tiny_params(), AUX, fp, tmp_path)
+    assert shard.read_bytes() == (uninterrupted / shard.name).read_bytes()
+    # another seed: nothing of the old run may be reused
+    extract_features(smollm2, tiny_params(seed=4), AUX, fp, tmp_path)
+    assert (tmp_path / "shard-00000.safetensors").read_bytes() != (
+        uninterrupted / "shard-00000.safetensors"
+    ).read_bytes()
+
+
+def test_corrupted_shard_is_detected(uninterrupted, tmp_path):
+    for path in uninterrupted.iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    shard = tmp_path / "shard-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF  # one flipped byte inside the hidden states
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match="shard-00002.safetensors is corrupt or truncated"):
+        FeatureStore(tmp_path).verify()
