@@ -1,0 +1,126 @@
+"""End to end on real DVC, real MLflow (sqlite) and the real SmolLM2, at tiny sizes:
+stage skipping, experiment tracking (workspace and temp-dir experiments), bad params."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {
+    "target": {"dtype": "float32"},
+    "data": {"num_samples": 6, "max_length": 40},
+    "extract": {"shard_samples": 3, "batch_tokens": 128},
+    "vocab": {"size": 500},
+}
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{cmd} failed:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def dvc(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "dvc", *args], cwd, check)
+
+
+def write_params(project: Path, overrides: dict) -> None:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in overrides.items():
+        params[section].update(values)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("project")
+    for name in ("eagle3", "stages"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dvc.yaml", root)
+    shutil.copy(REPO / ".gitignore", root)
+    write_params(root, TINY)
+    run(["git", "init", "-q"], root)
+    run(["git", "config", "user.email", "ci@example.com"], root)
+    run(["git", "config", "user.name", "ci"], root)
+    dvc("init", "-q", cwd=root)
+    dvc("config", "core.analytics", "false", cwd=root)
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-qm", "tiny project"], root)
+    dvc("repro", "vocab-map", cwd=root)
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-qm", "baseline"], root)
+    return root
+
+
+def mlflow_runs(project: Path) -> list:
+    mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
+    return mlflow.search_runs(search_all_experiments=True, output_format="list")
+
+
+def test_vocab_experiment_skips_patch_check_and_extract(project):
+    shards = {p.name: p.stat().st_mtime_ns for p in (project / "artifacts/extract").glob("shard-*")}
+    out = dvc("exp", "run", "vocab-map", "-S", "vocab.size=200", "-n", "small-vocab", cwd=project).stdout
+    assert "Stage 'patch-check' didn't change, skipping" in out
+    assert "Stage 'extract' didn't change, skipping" in out
+    assert "Running stage 'vocab-map'" in out
+    assert shards == {p.name: p.stat().st_mtime_ns for p in (project / "artifacts/extract").glob("shard-*")}
+    metrics = json.loads((project / "metrics/vocab-map.json").read_text())
+    assert metrics["draft_vocab_size"] == 200
+
+    runs = [r for r in mlflow_runs(project) if r.data.tags.get("DVC_EXP_NAME") == "small-vocab"]
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.params["vocab.size"] == "200"
+    assert 0 < run.data.metrics["coverage"] <= 1
+    assert run.data.metrics["num_tokens"] > 0  # extract was skipped, its metrics are still in the run
+    assert run.data.tags["DVC_EXP_BASELINE_REV"]
+    assert str(project / "mlartifacts") in run.info.artifact_uri
+
+    shown = json.loads(dvc("exp", "show", "--json", cwd=project).stdout)
+    assert "small-vocab" in json.dumps(shown) and "coverage" in json.dumps(shown)
+
+
+def test_temp_dir_experiment_is_tracked_at_the_repo_root(project):
+    # --temp runs in a throw-away copy, as queued experiments do; the run must land in the repo's store
+    dvc("exp", "run", "--temp", "vocab-map", "-S", "vocab.size=100", "-n", "temp-vocab", cwd=project)
+    runs = [r for r in mlflow_runs(project) if r.data.tags.get("DVC_EXP_NAME") == "temp-vocab"]
+    assert len(runs) == 1 and runs[0].data.params["vocab.size"] == "100"
+    assert "coverage" in runs[0].data.metrics
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"vocab": {"size": 0}}, "vocab.size: Input should be greater than or equal to 1 (got 0)"),
+        ({"vocab": {"colour": 1}}, "vocab.colour: unknown key"),
+        ({"data": {"num_samples": "lots"}}, "data.num_samples: Input should be a valid integer"),
+        (
+            {"extract": {"aux_layers": [1, 14, 31]}},
+            "extract.aux_layers: layer ids [31] are outside the target",
+        ),
+    ],
+)
+def test_invalid_params_fail_clearly_and_write_nothing(project, overrides, message):
+    before = {p: p.read_bytes() for p in (project / "artifacts").rglob("*") if p.is_file()}
+    lock = (project / "dvc.lock").read_bytes()
+    write_params(project, TINY | overrides)
+    try:
+        failed = dvc("repro", "vocab-map", cwd=project, check=False)
+    finally:
+        write_params(project, TINY)
+    assert failed.returncode != 0
+    assert message in " ".join((failed.stdout + failed.stderr).split())
+    after = {p: p.read_bytes() for p in (project / "artifacts").rglob("*") if p.is_file()}
+    assert after == before and (project / "dvc.lock").read_bytes() == lock
