@@ -140,3 +140,16 @@ def test_corrupted_shard_is_detected(uninterrupted, tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CorruptStoreError, match="shard-00002.safetensors is corrupt or truncated"):
         FeatureStore(tmp_path).verify()
+
+
+def test_self_distillation_answers_with_the_targets_own_words(smollm2, fp, tmp_path):
+    params = tiny_params(num_samples=2, regenerate=True, regenerate_max_new_tokens=6, max_length=200)
+    extract_features(smollm2, params, AUX, fp, tmp_path)
+    store = FeatureStore(tmp_path)
+    for i in range(len(store)):
+        sample = store.sample(i)
+        answer = sample["input_ids"][sample["loss_mask"].bool()]
+        assert 1 <= len(answer) <= 6 + 2  # generated tokens, then the end-of-turn marker and newline
+    again = tmp_path / "again"
+    extract_features(smollm2, params, AUX, fp, again)
+    assert (again / "shard-00000.safetensors").read_bytes() == (tmp_path / "shard-00000.safetensors").read_bytes()
