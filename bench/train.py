@@ -1,0 +1,188 @@
+"""Benchmark the drafter's training step: tokens/s, the share of the machine's matmul rate it
+reaches (measured in the same run), and peak memory against the draft vocabulary size.
+
+    python bench/train.py                      # SmolLM2-sized drafter, K=8192, train.dtype auto
+    python bench/train.py --vocab-grid 8192 16384 32768 49152
+
+Numbers are ratios measured in one process on this machine; nothing here is a timed test.
+The matmul rate is measured on the shapes the step itself multiplies ([B*T, H] x [H, K] etc.).
+Peak memory of each draft vocab size is the max RSS (CPU) or max allocated (GPU) of a fresh
+subprocess running a few steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eagle3.device import native_bf16, resolve_dtype  # noqa: E402
+from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eagle3.params import TrainParams  # noqa: E402
+from eagle3.train.data import Batch  # noqa: E402
+from eagle3.train.loop import estimate_peak_gib  # noqa: E402
+from eagle3.train.ttt import TTTModel, flops_per_token_step  # noqa: E402
+
+SMOLLM2 = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_theta=1e5,
+    max_position_embeddings=8192,
+    hidden_act="silu",
+    vocab_size=49152,
+    target_hidden_size=576,
+    aux_layer_ids=[1, 14, 26],
+)
+
+
+def matmul_rate(dtype: torch.dtype, m: int, k: int, n: int, seconds: float = 1.5) -> float:
+    """FLOP/s of [m, k] x [k, n] (forward) and its two backward products, like nn.Linear does."""
+    a, w, g = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype)
+    a @ w.T  # warm up
+    flops, started = 0.0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        a @ w.T
+        g @ w
+        g.T @ a
+        flops += 3 * 2 * m * k * n
+    return flops / (time.perf_counter() - started)
+
+
+def synthetic_batch(b: int, t: int, h: int, v: int, dtype: torch.dtype) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    ones = torch.ones(b, t, dtype=torch.bool)
+    return Batch(
+        torch.randint(0, v, (b, t), generator=g),
+        torch.rand(b, t, generator=g) < 0.7,
+        ones,
+        ones,
+        torch.arange(t).expand(b, t).contiguous(),
+        torch.randn(b, t, 3 * h, generator=g).to(dtype),
+        torch.randn(b, t, h, generator=g).to(dtype),
+    )
+
+
+def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int) -> dict:
+    dtype = resolve_dtype(dtype_name)
+    autocast = dtype == torch.bfloat16
+    master = torch.float32 if autocast else dtype
+    cfg = DrafterConfig(**SMOLLM2, draft_vocab_size=k)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size).to(dtype)).to(master)
+    model = TTTModel(drafter, torch.randn(k, cfg.hidden_size).to(dtype), ttt, 0.8)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    batch = synthetic_batch(b, t, cfg.hidden_size, cfg.vocab_size, torch.bfloat16 if autocast else master)
+    times, positions = [], 0.0
+    for i in range(steps + 1):
+        started = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss, stats = model(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i:  # the first step warms up kernels and allocations
+            times.append(time.perf_counter() - started)
+            positions = float(stats.count.sum())
+    seconds = sum(times) / len(times)
+    c = cfg
+    hq, hkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    layer = 2.0 * (
+        2 * c.hidden_size * (hq + 2 * hkv) + hq * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    )
+    # matmul FLOPs actually needed: fc + per step the layer on every token and lm_head on trained positions,
+    # forward + backward (x3); plus the target's K rows once (forward only)
+    flops = (
+        b * t * (3 * 2.0 * 3 * c.hidden_size**2 + ttt * 3 * layer)
+        + positions * 3 * 2.0 * c.hidden_size * k
+        + b * t * 2.0 * c.hidden_size * k
+    )
+    return {
+        "tokens_per_s": b * t / seconds,
+        "step_s": seconds,
+        "matmul_flops_per_s": flops / seconds,
+        "flops_per_token_step_upper": flops_per_token_step(drafter),
+    }
+
+
+def peak_memory_child(k: int, b: int, t: int, ttt: int, dtype_name: str) -> None:
+    train_rate(k, b, t, ttt, dtype_name, steps=1)
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if torch.cuda.is_available()
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    print(json.dumps({"peak_bytes": peak}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--ttt", type=int, default=7)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--vocab-grid", type=int, nargs="*", default=[8192, 16384, 32768, 49152])
+    ap.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.memory_child:
+        peak_memory_child(args.memory_child, args.batch, args.seq, args.ttt, args.dtype)
+        return
+    compute = resolve_dtype(args.dtype)
+    print(f"threads {torch.get_num_threads()}, native bf16: {native_bf16()}, compute dtype {compute}")
+    m = args.batch * args.seq
+    bf16 = matmul_rate(torch.bfloat16, m, 576, args.draft_vocab, seconds=1.0)
+    fp32 = matmul_rate(torch.float32, m, 576, args.draft_vocab)
+    run = train_rate(args.draft_vocab, args.batch, args.seq, args.ttt, args.dtype, args.steps)
+    rate = run["matmul_flops_per_s"]
+    own = bf16 if compute == torch.bfloat16 else fp32
+    print(
+        f"matmul rate here: bf16 {bf16 / 1e9:,.1f} GFLOP/s, fp32 {fp32 / 1e9:,.1f} GFLOP/s "
+        f"(shape [{m}, 576] x [576, {args.draft_vocab}], fwd + bwd products)"
+    )
+    print(
+        f"train step: {run['tokens_per_s']:,.0f} tokens/s (B={args.batch}, T={args.seq}, TTT={args.ttt}, "
+        f"K={args.draft_vocab}), {rate / 1e9:,.1f} GFLOP/s of needed matmul work"
+    )
+    print(f"  = {rate / bf16:.0%} of the bf16 matmul rate, {rate / own:.0%} of the {compute} matmul rate")
+    print("peak memory by draft vocabulary size (fresh process each):")
+    for k in args.vocab_grid:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            str(k),
+            "--batch",
+            str(args.batch),
+            "--seq",
+            str(args.seq),
+            "--ttt",
+            str(args.ttt),
+            "--dtype",
+            args.dtype,
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        peak = json.loads(out)["peak_bytes"] / 2**30
+        est = estimate_peak_gib(
+            DrafterConfig(**SMOLLM2, draft_vocab_size=k),
+            TrainParams(batch_size=args.batch, seq_len=args.seq, ttt_length=args.ttt),
+        )
+        print(f"  K={k:>7,}: peak {peak:5.2f} GiB (estimate used by the pre-flight check: {est:5.2f} GiB)")
+
+
+if __name__ == "__main__":
+    main()

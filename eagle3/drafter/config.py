@@ -1,0 +1,140 @@
+"""The drafter's hyper-parameters, mirrored 1:1 by the exported config.json.
+
+Sizes come from the target (hidden, heads, MLP width, RoPE), so the drafter's embedding can
+be the target's own and SGLang can share it. The exported dict is a Llama config with the
+EAGLE-3 extras SGLang's `LlamaForCausalLMEagle3` reads: `draft_vocab_size`,
+`target_hidden_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    hidden_act: str
+    vocab_size: int  # the target's vocabulary V
+    draft_vocab_size: int  # K
+    target_hidden_size: int
+    # 0-indexed decoder layer ids whose outputs feed fc (SGLang eagle_aux_hidden_state_layer_ids).
+    aux_layer_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got {self.draft_vocab_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act: only 'silu' is supported (Llama), got {self.hidden_act!r}")
+        if len(self.aux_layer_ids) != 3:
+            raise ValueError(f"aux_layer_ids must list 3 layer ids, got {self.aux_layer_ids}")
+        self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+
+    @classmethod
+    def from_target_config(
+        cls, target_hf_config: Any, draft_vocab_size: int, aux_layer_ids: list[int]
+    ) -> DrafterConfig:
+        """Sizes taken from the target's HF config (LlamaConfig-like, transformers 4 or 5)."""
+        c = target_hf_config
+        c = getattr(c, "text_config", None) or c  # multimodal wrappers keep the LM under text_config
+        heads = c.num_attention_heads
+        return cls(
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(c),
+            max_position_embeddings=c.max_position_embeddings,
+            hidden_act=getattr(c, "hidden_act", "silu"),
+            vocab_size=c.vocab_size,
+            draft_vocab_size=min(draft_vocab_size, c.vocab_size),
+            target_hidden_size=c.hidden_size,
+            aux_layer_ids=list(aux_layer_ids),
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The config.json SGLang loads (a LlamaConfig plus the EAGLE-3 fields)."""
+        return {
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": self.hidden_act,
+            "rms_norm_eps": self.rms_norm_eps,
+            # transformers 4 reads rope_theta, transformers 5 rope_parameters: write both.
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "attention_bias": False,
+            "mlp_bias": False,
+            # SGLang reuses the embedding as lm_head when true; ours is a separate K-row head.
+            "tie_word_embeddings": False,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)},
+            "torch_dtype": "bfloat16",
+        }
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> DrafterConfig:
+        arch = d.get("architectures") or []
+        if ARCHITECTURE not in arch:
+            raise ValueError(f"config.json: architectures must contain {ARCHITECTURE!r}, got {arch}")
+        if d.get("num_hidden_layers", 1) != 1:
+            raise ValueError(f"config.json: num_hidden_layers must be 1, got {d['num_hidden_layers']}")
+        eagle = d.get("eagle_config") or {}
+        aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+        if aux is None:
+            raise ValueError("config.json: eagle_config.eagle_aux_hidden_state_layer_ids is missing")
+        heads = d["num_attention_heads"]
+        return cls(
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(d),
+            max_position_embeddings=d["max_position_embeddings"],
+            hidden_act=d.get("hidden_act", "silu"),
+            vocab_size=d["vocab_size"],
+            draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
+            target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
+            aux_layer_ids=list(aux),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rope_theta(c: Any) -> float:
+    get = c.get if isinstance(c, dict) else lambda k, default=None: getattr(c, k, default)
+    rope = get("rope_parameters") or get("rope_scaling") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", "default") not in ("default", None):
+        raise ValueError(f"rope type {rope.get('rope_type')!r} is not supported (only 'default')")
+    theta = get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    return float(theta or 10000.0)

@@ -1,0 +1,98 @@
+"""Export the drafter in SGLang's EAGLE-3 layout and read it back.
+
+`artifacts/train/drafter/` = config.json (see DrafterConfig.to_hf_dict) + model.safetensors
+with the keys SGLang's `LlamaForCausalLMEagle3.load_weights` maps: fc.weight, midlayer.*,
+norm.weight, lm_head.weight, d2t, t2d. The embedding is the target's and is not exported
+(SGLang shares the target's embedding with the draft model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from eagle3.drafter.config import DrafterConfig
+from eagle3.drafter.model import Eagle3Drafter
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+NOT_EXPORTED = ("embed_tokens.",)
+
+
+def export_state_dict(model: Eagle3Drafter, dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
+    """The exported tensors: weights in `dtype`, d2t int64, t2d bool; no embedding."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name.startswith(NOT_EXPORTED):
+            continue
+        if name in ("d2t", "t2d"):
+            out[name] = tensor.detach().cpu().contiguous()
+        else:
+            out[name] = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+    return out
+
+
+def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write config.json + model.safetensors; deterministic bytes for the same weights."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # unwrap DDP
+    config = model.cfg.to_hf_dict()
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    _atomic_write(out_dir / CONFIG, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    tensors = export_state_dict(model, dtype)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, out_dir / WEIGHTS)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_drafter_config(path: str | Path) -> DrafterConfig:
+    path = Path(path)
+    if not (path / CONFIG).exists():
+        raise FileNotFoundError(f"{path} has no {CONFIG}: not an exported drafter")
+    return DrafterConfig.from_hf_dict(json.loads((path / CONFIG).read_text()))
+
+
+def load_drafter(
+    path: str | Path, embed_weight: Tensor, dtype: torch.dtype = torch.bfloat16
+) -> Eagle3Drafter:
+    """Read an exported drafter back; `embed_weight` is the target's input embedding [V, H]."""
+    path = Path(path)
+    cfg = load_drafter_config(path)
+    tensors = load_file(str(path / WEIGHTS))
+    model = Eagle3Drafter(cfg, embed_weight=embed_weight.to(dtype))
+    expected = set(export_state_dict(model))
+    missing, unexpected = expected - set(tensors), set(tensors) - expected
+    if missing or unexpected:
+        raise ValueError(
+            f"{path / WEIGHTS}: keys do not match the EAGLE-3 layout "
+            f"(missing {sorted(missing)}, unexpected {sorted(unexpected)})"
+        )
+    model.to(dtype)
+    model.embed_tokens.weight.data = embed_weight.to(dtype)  # keep sharing the caller's tensor
+    state = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
+    model.load_state_dict(state, strict=False)
+    model.set_vocab_mapping(tensors["d2t"], tensors["t2d"])
+    return model.eval().requires_grad_(False)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

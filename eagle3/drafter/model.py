@@ -1,0 +1,262 @@
+"""The EAGLE-3 draft model, laid out exactly like SGLang's `LlamaForCausalLMEagle3`.
+
+One decoder layer (`midlayer`) whose attention reads concat(input_layernorm(embedding),
+hidden_norm(hidden)) -- 2H wide -- plus `fc` (3H -> H) that fuses the target's three aux
+hidden states, a final `norm` and an `lm_head` over the draft vocabulary (K rows). The
+residual stream is the incoming hidden state (not the embedding), as in SGLang; `forward`
+returns the stream before the final norm, which is what the next draft step is fed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eagle3.drafter.config import DrafterConfig
+from eagle3.drafter.ttt_attention import ttt_attention
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm: normalise in float32, scale in the input dtype (as HF and SGLang do)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Default (unscaled) RoPE with HF's rotate-half convention."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, x: Tensor, position_ids: Tensor) -> Tensor:
+        # x [B, heads, T, d]; position_ids [B or 1, T]
+        freqs = position_ids[:, None, :, None].float() * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class DrafterCache:
+    """A plain K/V store for the draft layer: k, v are [B, kv_heads, S, head_dim] (keys post-RoPE)."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, n_keep: int) -> None:
+        """Keep the first n_keep positions (drop rejected drafts)."""
+        if self.k is not None:
+            self.k = self.k[:, :, :n_keep]
+            self.v = self.v[:, :, :n_keep]
+
+
+class TTTCache(DrafterCache):
+    """Keys of a training-time-test unroll: step 0 is the prefix (attended causally), every later
+    step's keys are attended only at the query's own position (see ttt_attention).
+
+    Passing it as `cache` makes `Eagle3Drafter.forward` use the TTT pattern; k/v are kept
+    expanded to the query heads. `length` counts the prefix only (positions, not steps).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.diag_k: list[Tensor] = []
+        self.diag_v: list[Tensor] = []
+
+    def crop(self, n_keep: int) -> None:
+        raise NotImplementedError("a TTT cache is built for one unroll and never cropped")
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        width = 2 * cfg.hidden_size  # reads concat(embedding, hidden)
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+
+    def forward(
+        self, x: Tensor, position_ids: Tensor, cache: DrafterCache | None, attn_mask: Tensor | None
+    ) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.rotary(q, position_ids), self.rotary(k, position_ids)
+        if isinstance(cache, TTTCache):
+            return self.o_proj(self._ttt(q, k, v, cache).transpose(1, 2).reshape(b, t, -1))
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.append(k, v)
+        if attn_mask is None:
+            # causal over (cache + new): query i sits at absolute index past + i
+            causal = t > 1
+            mask = None
+            if causal and past:
+                mask = _causal_mask(t, past, q.device)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal and not past, enable_gqa=self.kv_heads != self.heads
+            )
+        else:
+            if attn_mask.dtype != torch.bool:
+                attn_mask = attn_mask.to(q.dtype)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, enable_gqa=self.kv_heads != self.heads
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+    def _ttt(self, q: Tensor, k: Tensor, v: Tensor, cache: TTTCache) -> Tensor:
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if cache.k is None:
+            cache.k, cache.v = k, v
+        else:
+            cache.diag_k.append(k)
+            cache.diag_v.append(v)
+        return ttt_attention(q, cache.k, cache.v, cache.diag_k, cache.diag_v)
+
+
+def _causal_mask(t: int, past: int, device: torch.device) -> Tensor:
+    """Boolean [T, past + T]: query i sees keys 0..past+i."""
+    rows = torch.arange(t, device=device)[:, None] + past
+    return torch.arange(past + t, device=device)[None, :] <= rows
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    """SGLang's EAGLE-3 `LlamaDecoderLayer`: attention over [norm(embed), norm(hidden)]."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self,
+        embeds: Tensor,
+        hidden: Tensor,
+        position_ids: Tensor,
+        cache: DrafterCache | None,
+        attn_mask: Tensor | None,
+    ) -> Tensor:
+        residual = hidden
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        residual = residual + self.self_attn(x, position_ids, cache, attn_mask)
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, embed_weight: Tensor | None = None):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        if embed_weight is not None:
+            if tuple(embed_weight.shape) != (cfg.vocab_size, h):
+                raise ValueError(
+                    f"embed_weight has shape {tuple(embed_weight.shape)}, expected the target's "
+                    f"[{cfg.vocab_size}, {h}]"
+                )
+            # shares the target's storage when dtypes agree (no copy for a 1B-param embedding)
+            self.embed_tokens.weight = nn.Parameter(embed_weight.detach(), requires_grad=False)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        # identity mapping until vocab-map's is loaded
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[: cfg.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+        self._init_weights(embed_weight is None)
+
+    def _init_weights(self, init_embed: bool) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+        if init_embed:
+            nn.init.normal_(self.embed_tokens.weight, std=0.02)
+
+    def set_vocab_mapping(self, d2t: Tensor, t2d: Tensor) -> None:
+        k, v = self.cfg.draft_vocab_size, self.cfg.vocab_size
+        if tuple(d2t.shape) != (k,) or tuple(t2d.shape) != (v,):
+            raise ValueError(
+                f"vocab mapping shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the "
+                f"drafter (K={k}, V={v})"
+            )
+        target_ids = torch.arange(k) + d2t.long().cpu()
+        if int(t2d.sum()) != k or not bool(t2d.cpu()[target_ids].all()):
+            raise ValueError("vocab mapping is inconsistent: t2d does not mark exactly the targets of d2t")
+        self.d2t.copy_(d2t.long())
+        self.t2d.copy_(t2d.bool())
+
+    def project(self, aux_hidden: Tensor) -> Tensor:
+        """[B, T, 3H] target aux states -> [B, T, H]."""
+        return self.fc(aux_hidden.to(self.fc.weight.dtype) if not torch.is_autocast_enabled() else aux_hidden)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        position_ids: Tensor,
+        cache: DrafterCache | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        """One decoder-layer pass; returns the new hidden [B, T, H] before the final norm."""
+        embeds = self.embed_tokens(input_ids)
+        if not torch.is_autocast_enabled():
+            embeds = embeds.to(hidden.dtype)
+        return self.midlayer(embeds, hidden, position_ids, cache, attn_mask)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """lm_head(norm(hidden)) -> [B, T, K] over the draft vocabulary."""
+        return self.lm_head(self.norm(hidden))
+
+    def to_target_ids(self, draft_ids: Tensor) -> Tensor:
+        return draft_ids + self.d2t[draft_ids]

@@ -1,0 +1,142 @@
+"""Training batches from the feature store: a held-out split, length-bucketed rows, lazy reads.
+
+One sample per row (cut at `seq_len`), right-padded: attention is then plain causal, which is
+what the drafter sees at inference. Rows of similar length are batched together (sorted within
+shuffled pools) so little is spent on padding. The batches of an epoch are a pure function of
+(seed, epoch), so a run's data position is just (epoch, batch index) and a resumed run sees
+exactly the batches it would have seen. Hidden states are read per batch through
+safetensors' memory map, never all at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from eagle3.data.store import FeatureStore
+from eagle3.device import resolve_dtype
+
+POOL_BATCHES = 16  # batches per sorting pool: more = less padding, less randomness
+
+
+@dataclass
+class Batch:
+    input_ids: Tensor  # int64 [B, T]
+    loss_mask: Tensor  # bool [B, T]: assistant tokens
+    in_draft: Tensor  # bool [B, T]: the target's (full-vocab) argmax at t is in the draft vocab
+    real: Tensor  # bool [B, T]: False on padding
+    position_ids: Tensor  # int64 [B, T]
+    aux_hidden: Tensor  # [B, T, 3H]
+    last_hidden: Tensor  # [B, T, H]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.real.sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+
+
+def split_samples(num_samples: int, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held-out) sample indices; a seeded permutation, at least one sample in each."""
+    if num_samples < 2:
+        raise ValueError(f"the feature store holds {num_samples} sample(s); training needs at least 2")
+    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_held = min(num_samples - 1, max(1, round(num_samples * heldout_fraction)))
+    return sorted(order[n_held:]), sorted(order[:n_held])
+
+
+class BatchSource:
+    """Batches of one split; `batch(samples)` reads their tensors from the store."""
+
+    def __init__(self, store: FeatureStore, samples: list[int], in_draft: dict[int, Tensor], seq_len: int):
+        self.store, self.samples, self.in_draft, self.seq_len = store, samples, in_draft, seq_len
+        self.lengths = {s: min(int(in_draft[s].numel()), seq_len) for s in samples}
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths.values())
+
+    def epoch_batches(self, epoch: int, seed: int, batch_size: int) -> list[list[int]]:
+        """The epoch's batches of sample ids; a last partial batch is dropped (unless it is the only one)."""
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = [self.samples[i] for i in torch.randperm(len(self.samples), generator=g).tolist()]
+        pool = batch_size * POOL_BATCHES
+        batches = []
+        for lo in range(0, len(order), pool):
+            chunk = sorted(order[lo : lo + pool], key=lambda s: (self.lengths[s], s))
+            batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        full = [b for b in batches if len(b) == batch_size] or batches[:1]
+        return [full[i] for i in torch.randperm(len(full), generator=g).tolist()]
+
+    def fixed_batches(self, batch_size: int) -> list[list[int]]:
+        """Unshuffled, length-sorted batches covering every sample (held-out evaluation)."""
+        order = sorted(self.samples, key=lambda s: (self.lengths[s], s))
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+    def batch(self, samples: list[int], dtype: torch.dtype | None = None) -> Batch:
+        width = max(self.lengths[s] for s in samples)
+        b = len(samples)
+        ids = torch.zeros(b, width, dtype=torch.int64)
+        mask = torch.zeros(b, width, dtype=torch.bool)
+        in_draft = torch.zeros(b, width, dtype=torch.bool)
+        real = torch.zeros(b, width, dtype=torch.bool)
+        aux = last = None
+        for r, s in enumerate(samples):
+            feats = self.store.sample(s)
+            n = self.lengths[s]
+            if aux is None:
+                h3, h = feats["aux_hidden"].shape[-1], feats["last_hidden"].shape[-1]
+                aux = torch.zeros(b, width, h3, dtype=feats["aux_hidden"].dtype)
+                last = torch.zeros(b, width, h, dtype=feats["last_hidden"].dtype)
+            ids[r, :n] = feats["input_ids"][:n].long()
+            mask[r, :n] = feats["loss_mask"][:n].bool()
+            in_draft[r, :n] = self.in_draft[s][:n]
+            real[r, :n] = True
+            aux[r, :n] = feats["aux_hidden"][:n]
+            last[r, :n] = feats["last_hidden"][:n]
+        if dtype is not None:
+            aux, last = aux.to(dtype), last.to(dtype)
+        pos = torch.arange(width).expand(b, width).contiguous()
+        return Batch(ids, mask, in_draft, real, pos, aux, last)
+
+
+@torch.no_grad()
+def target_in_draft(
+    store: FeatureStore, samples: list[int], lm_head: Tensor, t2d: Tensor, chunk_tokens: int = 2048
+) -> dict[int, Tensor]:
+    """Per sample: is the target's full-vocabulary argmax (from last_hidden) inside the draft vocab?
+
+    Computed once per run, in chunks, with every row of the target lm_head; the training
+    steps then multiply only the K draft rows.
+    """
+    head = lm_head.to(resolve_dtype("auto")) if lm_head.device.type == "cpu" else lm_head
+    out: dict[int, Tensor] = {}
+    pending: list[tuple[int, Tensor]] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal pending, size
+        if not pending:
+            return
+        hidden = torch.cat([h for _, h in pending]).to(head.dtype)
+        ids = torch.cat(
+            [(hidden[i : i + chunk_tokens] @ head.T).argmax(-1) for i in range(0, len(hidden), chunk_tokens)]
+        )
+        inside = t2d[ids]
+        at = 0
+        for s, h in pending:
+            out[s] = inside[at : at + len(h)].clone()
+            at += len(h)
+        pending, size = [], 0
+
+    for s in samples:
+        h = store.sample(s)["last_hidden"]
+        pending.append((s, h))
+        size += len(h)
+        if size >= chunk_tokens:
+            flush()
+    flush()
+    return out

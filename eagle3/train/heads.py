@@ -1,0 +1,59 @@
+"""The target's input embedding and lm_head, read straight from its safetensors files.
+
+Training needs only these two matrices (the drafter's frozen embedding, and the target
+logits recomputed from last_hidden); loading the whole target for them would cost the
+memory of every decoder layer (hundreds of GB for a Kimi-size target).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from eagle3.target.load import resolve_target
+
+EMBED_SUFFIX = "embed_tokens.weight"
+HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
+
+
+def _tensor_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> file, from the safetensors index when there is one."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        mapping = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in mapping.items()}
+    files: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            files.update({name: path for name in f.keys()})
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
+    return files
+
+
+def _read(files: dict[str, Path], name: str, dtype: torch.dtype) -> Tensor:
+    with safe_open(str(files[name]), framework="pt") as f:
+        return f.get_tensor(name).to(dtype)
+
+
+def load_target_heads(source: str, dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
+    """(input embedding [V, H], lm_head [V, H]) of the target `source` (params target.source)."""
+    folder = Path(resolve_target(source))
+    config = json.loads((folder / "config.json").read_text())
+    text = config.get("text_config") or config
+    files = _tensor_files(folder)
+    embed_names = sorted(n for n in files if n.endswith(EMBED_SUFFIX) and "vision" not in n)
+    if not embed_names:
+        raise ValueError(f"{folder}: no tensor named *{EMBED_SUFFIX}")
+    embed = _read(files, embed_names[0], dtype)
+    head_name = next((n for n in HEAD_NAMES if n in files), None)
+    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", True))
+    if head_name is not None:
+        return embed, _read(files, head_name, dtype)
+    if not tied:
+        raise ValueError(f"{folder}: tie_word_embeddings is false but there is no lm_head.weight")
+    return embed, embed

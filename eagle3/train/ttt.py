@@ -1,0 +1,123 @@
+"""Training-time test (TTT): the drafter unrolled `ttt_length` steps on its own hidden states.
+
+Alignment (EAGLE): at step k the query at position t embeds token t+1+k, reads the hidden
+state of step k-1 (step 0: fc(aux_hidden[t])), sits at position pos[t] + k, and is trained to
+match the target's next-token distribution at position t+1+k (softmax of the frozen target
+lm_head applied to last_hidden, restricted to the K draft rows).
+
+Attention of step k (what the drafter sees when drafting the (k+1)-th token at inference):
+the step-0 keys up to t (the prefix, built from target features) plus its own keys of steps
+1..k at the same position t (its earlier drafts). A TTTCache carries the keys of earlier
+steps, so inference and training run the very same `Eagle3Drafter.forward`.
+
+Loss of step k: soft cross-entropy over positions whose target position is an assistant token
+of the same sample and whose target argmax lies inside the draft vocabulary, normalised by
+the number of such positions in the global (all ranks) batch, weighted by decay^k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eagle3.drafter.model import Eagle3Drafter, TTTCache
+from eagle3.train.data import Batch
+
+
+def shift_left(x: Tensor, n: int, fill: int | bool = 0) -> Tensor:
+    """x[:, t + n] at index t (along dim 1), `fill` past the end."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def step_valid(batch: Batch, k: int) -> Tensor:
+    """[B, T] bool: position t has a trainable target at step k."""
+    # rows are right-padded, so "the target position is real" also means "same sample"
+    n = 1 + k
+    return (
+        shift_left(batch.real, n, False)
+        & shift_left(batch.loss_mask, n, False)
+        & shift_left(batch.in_draft, n, False)
+    )
+
+
+@dataclass
+class StepStats:
+    """Per TTT position, summed over the local batch: loss, correct top-1, counted positions."""
+
+    loss_sum: Tensor  # float64 [L]
+    correct: Tensor  # float64 [L]
+    count: Tensor  # float64 [L]
+
+    def as_tensor(self) -> Tensor:
+        return torch.stack([self.loss_sum, self.correct, self.count])
+
+
+class TTTModel(nn.Module):
+    """The drafter plus the frozen K target lm_head rows; forward = the whole TTT unroll.
+
+    Wrapping the unroll in one module keeps DDP correct: DDP hooks see one forward per step.
+    """
+
+    def __init__(self, drafter: Eagle3Drafter, target_head_rows: Tensor, ttt_length: int, decay: float):
+        super().__init__()
+        self.drafter = drafter
+        self.register_buffer("head_rows", target_head_rows, persistent=False)  # [K, H]
+        self.ttt_length, self.decay = ttt_length, decay
+
+    def forward(self, batch: Batch, norm: Tensor | None = None, chains: bool = False):
+        """Returns (weighted loss, StepStats[, correct chains [N0, L] for acceptance]).
+
+        `norm` [L]: positions per step in the global batch (defaults to the local counts).
+        """
+        L, m = self.ttt_length, self.drafter
+        valid = [step_valid(batch, k) for k in range(L)]
+        counts = torch.stack([v.sum() for v in valid]).double()
+        norm = counts if norm is None else norm
+        with torch.no_grad():
+            target_logits = batch.last_hidden.to(self.head_rows.dtype) @ self.head_rows.T  # [B, T, K]
+        hidden = m.project(batch.aux_hidden)
+        cache = TTTCache()
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        loss_sum, correct = torch.zeros(L, dtype=torch.float64), torch.zeros(L, dtype=torch.float64)
+        start = valid[0].nonzero(as_tuple=True) if chains else None
+        chain_hits = []
+        for k in range(L):
+            ids = shift_left(batch.input_ids, 1 + k)
+            hidden = m(ids, hidden, batch.position_ids + k, cache)
+            b, t = valid[k].nonzero(as_tuple=True)
+            if len(b):
+                logits = m.logits(hidden[b, t]).float()
+                target = target_logits[b, t + 1 + k].float()
+                step_loss = F.cross_entropy(logits, target.softmax(-1), reduction="sum")
+                loss = loss + (self.decay**k) * step_loss / norm[k].clamp(min=1).to(loss.dtype)
+                hit = logits.argmax(-1) == target.argmax(-1)
+                loss_sum[k] = step_loss.detach().double()
+                correct[k] = hit.sum().double()
+            if chains:
+                hits = torch.zeros_like(valid[k])
+                if len(b):
+                    hits[b, t] = hit
+                chain_hits.append(hits[start])
+        stats = StepStats(loss_sum, correct, counts)
+        if chains:
+            return loss, stats, torch.stack(chain_hits, dim=-1) if chain_hits else None
+        return loss, stats
+
+
+def acceptance_length(chain_hits: Tensor) -> Tensor:
+    """Simulated tokens per verification for each start position: 1 (the target's own token)
+    plus the leading run of steps whose draft top-1 equals the target's top-1."""
+    return 1 + chain_hits.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def flops_per_token_step(drafter: Eagle3Drafter) -> float:
+    """Matmul FLOPs (forward) of one TTT step per token, lm_head included, attention excluded."""
+    c = drafter.cfg
+    h, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return 2.0 * (2 * h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size + h * c.draft_vocab_size)

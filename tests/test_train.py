@@ -1,0 +1,317 @@
+"""Training: TTT attention exactness, exact resume, DDP under torchrun, input checks, export agreement.
+
+Tiny configs (H=32, V=256) on a feature store built in the documented format; the resume and
+DDP checks compare whole training runs. Run as a script under torchrun, this file is also the
+DDP worker the test launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
+from eagle3.drafter import DrafterConfig, TTTCache, load_drafter
+from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
+from eagle3.params import TrainParams
+from eagle3.stageio import write_json
+from eagle3.train.checks import check_inputs
+from eagle3.train.data import BatchSource, split_samples
+from eagle3.train.loop import TrainInputs, check_memory, train_drafter, trainable_state
+from eagle3.train.ttt import acceptance_length
+
+H, V, K = 32, 256, 64
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_store(folder: Path, n: int = 24, seed: int = 0) -> FeatureStore:
+    """Features with a learnable rule: the next token is a function of aux_hidden."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(n):
+        t = int(torch.randint(12, 40, (1,), generator=g))
+        ids = torch.randint(0, V, (t,), generator=g).int()
+        aux = torch.randn(t, 3 * H, generator=g)
+        samples.append(
+            Sample(
+                ids,
+                (torch.rand(t, generator=g) > 0.2).to(torch.uint8),
+                aux.bfloat16(),
+                torch.randn(t, H, generator=g).bfloat16(),
+            )
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = [write_shard(folder, j, samples[j * 8 : (j + 1) * 8]) for j in range((n + 7) // 8)]
+    fp = {
+        "vocab_size": V,
+        "hidden_size": H,
+        "target_sha256": "t",
+        "tokenizer_sha256": "tok",
+        "num_layers": 8,
+        "aux_layers": [1, 2, 3],
+    }
+    write_json(
+        folder / MANIFEST,
+        {"schema_version": SCHEMA_VERSION, "fingerprint": fp, "aux_layers": [1, 2, 3], "shards": shards},
+    )
+    return FeatureStore(folder)
+
+
+def tiny_cfg(k: int = K) -> DrafterConfig:
+    return DrafterConfig(
+        hidden_size=H,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-5,
+        rope_theta=1e4,
+        max_position_embeddings=512,
+        hidden_act="silu",
+        vocab_size=V,
+        draft_vocab_size=k,
+        target_hidden_size=H,
+        aux_layer_ids=[1, 2, 3],
+    )
+
+
+def tiny_inputs(folder: Path) -> TrainInputs:
+    g = torch.Generator().manual_seed(1)
+    embed, head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
+    ids = torch.arange(K) * 3  # every third token is in the draft vocab
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    return TrainInputs(
+        tiny_store(folder), embed, head, ids - torch.arange(K), t2d, tiny_cfg(), run_key="tiny"
+    )
+
+
+def tiny_params(**kw) -> TrainParams:
+    base = dict(
+        epochs=2,
+        seq_len=32,
+        batch_size=4,
+        warmup_steps=2,
+        heldout_fraction=0.2,
+        checkpoint_every=2,
+        ttt_length=3,
+        dtype="float32",
+        lr=3e-3,
+    )
+    return TrainParams(**(base | kw))
+
+
+# --- TTT attention -------------------------------------------------------------------------------
+
+
+def test_ttt_attention_fast_path_equals_reference_with_gradients():
+    torch.manual_seed(0)
+    b, h, t, d = 2, 3, 9, 8
+    leaves = [torch.randn(b, h, t, d, dtype=torch.float64, requires_grad=True) for _ in range(3 + 2 * 3)]
+    q, k0, v0, kd, vd = leaves[0], leaves[1], leaves[2], leaves[3:6], leaves[6:9]
+    w = torch.randn(b, h, t, d, dtype=torch.float64)
+    fast = ttt_attention(q, k0, v0, kd, vd)
+    ref = ttt_attention_reference(q, k0, v0, kd, vd)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
+    for gf, gr in zip(
+        torch.autograd.grad((fast * w).sum(), leaves),
+        torch.autograd.grad((ref * w).sum(), leaves),
+        strict=True,
+    ):
+        torch.testing.assert_close(gf, gr, rtol=0, atol=1e-12)
+
+
+def test_ttt_step_matches_inference_with_a_cache():
+    """Step k of the TTT unroll at position t equals drafting k tokens after the prefix 0..t."""
+    from eagle3.drafter import DrafterCache, Eagle3Drafter  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model = Eagle3Drafter(tiny_cfg(), torch.randn(V, H)).double()
+    t_len, steps = 8, 3
+    ids = torch.randint(0, model.cfg.vocab_size, (1, t_len + steps))
+    hidden0 = model.project(torch.randn(1, t_len, 3 * model.cfg.target_hidden_size, dtype=torch.float64))
+    pos = torch.arange(t_len)[None]
+    with torch.no_grad():
+        cache, hidden, outs = TTTCache(), hidden0, []
+        for k in range(steps):
+            hidden = model(ids[:, 1 + k : 1 + k + t_len], hidden, pos + k, cache)
+            outs.append(hidden)
+        for t in (0, 3, t_len - 1):  # chain drafting from prefix 0..t with a plain cache
+            c = DrafterCache()
+            h = model(ids[:, 1 : t + 2], hidden0[:, : t + 1], pos[:, : t + 1], c)[:, -1:]
+            torch.testing.assert_close(h, outs[0][:, t : t + 1], rtol=0, atol=1e-10)
+            for k in range(1, steps):
+                h = model(ids[:, t + 1 + k : t + 2 + k], h, torch.tensor([[t + k]]), c)
+                torch.testing.assert_close(h, outs[k][:, t : t + 1], rtol=0, atol=1e-10)
+
+
+def test_acceptance_length_counts_leading_hits():
+    hits = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    assert acceptance_length(hits).tolist() == [3, 1, 5]
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+
+def test_split_and_batches_are_deterministic(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    train, held = split_samples(len(inputs.store), 0.2, seed=0)
+    assert not set(train) & set(held) and len(train) + len(held) == 24
+    lengths = {s: inputs.store.sample(s)["input_ids"].numel() for s in range(24)}
+    in_draft = {s: torch.ones(n, dtype=torch.bool) for s, n in lengths.items()}
+    src = BatchSource(inputs.store, train, in_draft, seq_len=32)
+    assert src.epoch_batches(1, 0, 4) == src.epoch_batches(1, 0, 4) != src.epoch_batches(2, 0, 4)
+    batch = src.batch(src.epoch_batches(0, 0, 4)[0])
+    assert batch.aux_hidden.shape[-1] == 3 * H and batch.input_ids.shape[1] <= 32
+    assert batch.num_tokens == sum(min(lengths[s], 32) for s in src.epoch_batches(0, 0, 4)[0])
+
+
+# --- training loop ----------------------------------------------------------------------------------
+
+
+def test_training_learns_and_reports(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    out = train_drafter(tiny_params(epochs=6), inputs, progress=False)
+    first, last = out.curve[0], out.curve[-1]
+    assert last["loss"] < first["loss"]
+    assert len(out.metrics["heldout"]["acc"]) == 3 and 1.0 <= out.metrics["acceptance_length"] <= 4.0
+    assert out.metrics["steps"] == len(out.curve)
+
+
+def test_resume_gives_bitwise_identical_weights(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    p = tiny_params()
+    whole = train_drafter(p, inputs, tmp_path / "a", progress=False)
+    assert train_drafter(p, inputs, tmp_path / "b", stop_after_steps=3, progress=False) is None
+    resumed = train_drafter(p, inputs, tmp_path / "b", progress=False)  # from the step-2 checkpoint
+    a, b = trainable_state(whole.drafter), trainable_state(resumed.drafter)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert whole.curve == resumed.curve and whole.metrics["heldout"] == resumed.metrics["heldout"]
+    # a checkpoint of another run (other key) is ignored, not resumed
+    other = TrainInputs(**{**inputs.__dict__, "run_key": "other"})
+    fresh = train_drafter(p, other, tmp_path / "b", progress=False)
+    assert all(torch.equal(trainable_state(fresh.drafter)[k], a[k]) for k in a)
+
+
+def _ddp_worker(out: Path, folder: Path) -> None:
+    torch.set_num_threads(1)
+    result = train_drafter(tiny_params(), tiny_inputs(folder), progress=False)
+    if result is not None:
+        torch.save({"curve": result.curve, "state": trainable_state(result.drafter)}, out)
+
+
+def test_two_process_gloo_matches_one_process(tmp_path):
+    one = tmp_path / "one.pt"
+    two = tmp_path / "two.pt"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for nproc, out in ((1, one), (2, two)):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            str(Path(__file__)),
+            str(out),
+            str(tmp_path / f"f{nproc}"),
+        ]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert res.returncode == 0, res.stderr[-3000:]
+    a, b = torch.load(one), torch.load(two)
+    assert len(a["curve"]) == len(b["curve"])
+    for ra, rb in zip(a["curve"], b["curve"], strict=True):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-5)
+    for k in a["state"]:
+        torch.testing.assert_close(a["state"][k], b["state"][k], rtol=1e-3, atol=1e-4)
+
+
+# --- input checks -----------------------------------------------------------------------------------
+
+
+def _fp() -> dict:
+    return {
+        "target_sha256": "t",
+        "tokenizer_sha256": "tok",
+        "num_layers": 8,
+        "hidden_size": H,
+        "vocab_size": V,
+        "aux_layers": [1, 2, 3],
+    }
+
+
+def test_too_large_vocab_is_refused_before_training():
+    with pytest.raises(ValueError, match=r"estimated peak memory .* train.max_memory_gib"):
+        check_memory(
+            DrafterConfig(**{**tiny_cfg().as_dict(), "vocab_size": 262144, "draft_vocab_size": 262144}),
+            TrainParams(batch_size=64, seq_len=4096, max_memory_gib=8),
+        )
+
+
+def test_features_from_another_target_are_refused(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    features = _fp() | {"target_sha256": "another"}
+    with pytest.raises(ValueError, match="features .* another target: target_sha256"):
+        check_inputs(
+            _fp(),
+            features,
+            [1, 2, 3],
+            {"tokenizer_sha256": "tok", "target_vocab_size": V},
+            inputs.d2t,
+            inputs.t2d,
+            inputs.drafter_cfg,
+        )
+
+
+def test_mapping_from_another_tokenizer_is_refused(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    with pytest.raises(ValueError, match="vocab mapping .* another tokenizer"):
+        check_inputs(
+            _fp(),
+            _fp(),
+            [1, 2, 3],
+            {"tokenizer_sha256": "other", "target_vocab_size": V},
+            inputs.d2t,
+            inputs.t2d,
+            inputs.drafter_cfg,
+        )
+    with pytest.raises(ValueError, match="target_vocab_size"):
+        check_inputs(
+            _fp(),
+            _fp(),
+            [1, 2, 3],
+            {"tokenizer_sha256": "tok", "target_vocab_size": V * 2},
+            inputs.d2t,
+            inputs.t2d,
+            inputs.drafter_cfg,
+        )
+
+
+# --- export -----------------------------------------------------------------------------------------
+
+
+def test_export_agrees_with_vocab_map_and_reloads(tmp_path):
+    from eagle3.drafter import export_drafter  # noqa: PLC0415
+    from eagle3.vocab import build_vocab_map, load_mapping, save_vocab_map  # noqa: PLC0415
+
+    counts = torch.randint(0, 50, (V,)).numpy()
+    vocab = build_vocab_map(counts, K)
+    save_vocab_map(vocab, tmp_path / "vm", {"target_vocab_size": V, "tokenizer_sha256": "tok"})
+    d2t, t2d, _ = load_mapping(tmp_path / "vm")
+    inputs = tiny_inputs(tmp_path / "f")
+    inputs = TrainInputs(**{**inputs.__dict__, "d2t": d2t, "t2d": t2d})
+    out = train_drafter(tiny_params(epochs=1), inputs, progress=False)
+    export_drafter(out.drafter, tmp_path / "drafter")
+    config = json.loads((tmp_path / "drafter/config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    loaded = load_drafter(tmp_path / "drafter", inputs.embed, dtype=torch.float32)
+    assert torch.equal(loaded.d2t, d2t) and torch.equal(loaded.t2d, t2d)
+
+
+if __name__ == "__main__":  # DDP worker for test_two_process_gloo_matches_one_process
+    _ddp_worker(Path(sys.argv[1]), Path(sys.argv[2]))
