@@ -1,0 +1,104 @@
+"""Speculative vs plain greedy decoding, measured as ratios in one run (median over prompts).
+
+    python -m bench.spec [--drafter artifacts/train/drafter] [--dtype float32] [--prompts 6]
+        [--tokens 64] [--mode tree --k 4 --topk 4 --budget 16] [--threads N] [--lookup 4]
+
+Each prompt is decoded plain, speculatively (and with prompt lookup) back to back, in
+rotating order, so machine noise hits all alike. Prints the machine first: numbers from
+another CPU (AMX or not, cores, threads) are not comparable. Without an exported drafter a
+random one is used: acceptance ~0, which measures the engine's pure overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+
+from eagle3.drafter import DrafterConfig, Eagle3Drafter
+from eagle3.drafter.export import load_drafter
+from eagle3.params import TargetParams, default_aux_layers
+from eagle3.spec.engine import SpecEngine
+from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize
+from eagle3.spec.prompts import load_prompts, render_prompt
+from eagle3.target.load import DTYPES, load_target
+
+
+def machine() -> str:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        flags = Path("/proc/cpuinfo").read_text()
+        isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
+    except OSError:
+        isa = []
+    return (
+        f"{cpu} | {os.cpu_count()} cores, torch threads {torch.get_num_threads()} | "
+        f"ISA {'/'.join(isa) or '?'} | torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", default="artifacts/train/drafter")
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--drafter-dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--mode", default="chain", choices=["chain", "tree"])
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--lookup", type=int, default=0, help="prompt_lookup_num_tokens (0 = skip)")
+    args = ap.parse_args()
+
+    target = load_target(TargetParams(source=args.target, dtype=args.dtype, threads=args.threads))
+    print("machine:", machine())
+    dtype = DTYPES[args.drafter_dtype]
+    embed = target.model.get_input_embeddings().weight
+    if (Path(args.drafter) / "config.json").exists():
+        drafter = load_drafter(args.drafter, embed, dtype=dtype)
+        print(f"drafter: {args.drafter}")
+    else:
+        cfg = DrafterConfig.from_target_config(target.config, 8192, default_aux_layers(target.num_layers))
+        drafter = Eagle3Drafter(cfg, embed).to(dtype).eval().requires_grad_(False)
+        print("drafter: random (no exported drafter found): measures overhead, not speedup")
+    engine = SpecEngine(
+        target.model, drafter, target.decoder_layers, target.final_norm,
+        mode=args.mode, k=args.k, topk=args.topk, tree_budget=args.budget,
+    )
+    batch = [(p.id, render_prompt(target.tokenizer, p.text, True)) for p in load_prompts(None, args.prompts)]
+    run = run_comparison(
+        engine, batch, args.tokens, eos_token_ids(target.model, target.tokenizer),
+        prompt_lookup_tokens=args.lookup or None, check=False,
+    )
+    m = summarize(run, args.k, greedy=False)
+
+    def rate(g) -> float:
+        return len(g.tokens) / g.seconds
+
+    ratios = [rate(r.spec) / rate(r.baseline) for r in run.results]
+    tree = f" topk={args.topk} budget={args.budget}" if args.mode == "tree" else ""
+    print(
+        f"{args.dtype} {args.mode} k={args.k}{tree}: acceptance length {m['acceptance_length']:.2f}, "
+        f"draft {m['draft_ms_per_step']:.1f} ms + verify {m['verify_ms_per_step']:.1f} ms per step, "
+        f"plain {1000 / m['baseline_tokens_per_s']:.1f} ms/token"
+    )
+    median = statistics.median(ratios)
+    print(f"speedup (median of {len(ratios)} prompts): {median:.2f}x; pooled {m['speedup']:.2f}x")
+    if args.lookup:
+        look = [rate(r.lookup) / rate(r.baseline) for r in run.results]
+        print(f"prompt lookup ({args.lookup} tokens) speedup (median): {statistics.median(look):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The speculative-eval comparison: plain greedy, the speculative engine and transformers'
+prompt-lookup decoding, interleaved per prompt, plus the metrics and the divergence check.
+
+Interleaving (and rotating the order per prompt) spreads machine noise, e.g. other jobs on
+a shared CPU, evenly over the three decoders; the first prompt is run once untimed to warm
+up allocators and kernels.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from eagle3.spec.divergence import Divergence, check_divergence
+from eagle3.spec.engine import Generation, SpecEngine, greedy_decode
+
+
+@dataclass
+class PromptResult:
+    id: str
+    prompt_tokens: int
+    baseline: Generation
+    spec: Generation
+    lookup: Generation | None = None
+    divergence: Divergence | None = None
+
+    @property
+    def match(self) -> bool:
+        return self.baseline.tokens == self.spec.tokens
+
+    def as_dict(self) -> dict:
+        """The deterministic part (no timings): what the stage keeps as its output."""
+        out = {
+            "id": self.id,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": len(self.spec.tokens),
+            "baseline_new_tokens": len(self.baseline.tokens),
+            "greedy_match": self.match,
+            "steps": len(self.spec.accepted),
+            "accepted": self.spec.accepted,
+            "spec_tokens": self.spec.tokens,
+        }
+        if not self.match:
+            out["baseline_tokens"] = self.baseline.tokens
+        if self.lookup is not None:
+            out["prompt_lookup_match"] = self.lookup.tokens == self.baseline.tokens
+        if self.divergence is not None:
+            out["divergence"] = self.divergence.as_dict()
+        return out
+
+
+@dataclass
+class EvalRun:
+    results: list[PromptResult] = field(default_factory=list)
+
+
+def prompt_lookup_decode(
+    model: PreTrainedModel,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    eos_ids: frozenset[int],
+    num_tokens: int,
+) -> Generation:
+    """transformers' prompt-lookup decoding (greedy), the peer the drafter must beat."""
+    start = time.perf_counter()
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        prompt_lookup_num_tokens=num_tokens,
+        eos_token_id=sorted(eos_ids),
+        pad_token_id=min(eos_ids),
+    )
+    tokens = out[0, len(prompt_ids) :].tolist()
+    return Generation(tokens=tokens, seconds=time.perf_counter() - start)
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config.eos_token_id, getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+def run_comparison(
+    engine: SpecEngine,
+    prompts: Sequence[tuple[str, list[int]]],
+    max_new_tokens: int,
+    eos_ids: frozenset[int],
+    prompt_lookup_tokens: int | None = None,
+    check: bool = True,
+    on_prompt: Callable[[PromptResult], None] | None = None,
+) -> EvalRun:
+    """Decode every prompt three ways, interleaved; judge every divergence when `check`."""
+    model = engine.model
+    decoders: list[tuple[str, Callable[[list[int]], Generation]]] = [
+        ("baseline", lambda ids: greedy_decode(model, ids, max_new_tokens, eos_ids)),
+        ("spec", lambda ids: engine.generate(ids, max_new_tokens, eos_ids)),
+    ]
+    if prompt_lookup_tokens:
+        n_lookup = prompt_lookup_tokens
+        decoders.append(
+            ("lookup", lambda ids: prompt_lookup_decode(model, ids, max_new_tokens, eos_ids, n_lookup))
+        )
+    if prompts:  # warm-up, untimed
+        warm = prompts[0][1]
+        greedy_decode(model, warm, 4, eos_ids)
+        engine.generate(warm, 8, eos_ids)
+        if prompt_lookup_tokens:
+            prompt_lookup_decode(model, warm, 4, eos_ids, prompt_lookup_tokens)
+    run = EvalRun()
+    block = engine.k + 1  # the width of a chain verification (a tree's deepest path + root)
+    for i, (pid, ids) in enumerate(prompts):
+        outputs: dict[str, Generation] = {}
+        shift = i % len(decoders)
+        for name, decode in decoders[shift:] + decoders[:shift]:
+            outputs[name] = decode(ids)
+        result = PromptResult(pid, len(ids), outputs["baseline"], outputs["spec"], outputs.get("lookup"))
+        if check and not result.match:
+            result.divergence = check_divergence(
+                model, ids, result.baseline.tokens, result.spec.tokens, block
+            )
+        run.results.append(result)
+        if on_prompt is not None:
+            on_prompt(result)
+    return run
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def summarize(run: EvalRun, k: int, greedy: bool) -> dict:
+    """The metrics of a comparison (see DESIGN.md, speculative-eval)."""
+    results = run.results
+    accepted = torch.tensor([a for r in results for a in r.spec.accepted], dtype=torch.float64)
+    steps = accepted.shape[0]
+    spec_tokens = sum(len(r.spec.tokens) for r in results)
+    base_tokens = sum(len(r.baseline.tokens) for r in results)
+    spec_s = sum(r.spec.seconds for r in results)
+    base_s = sum(r.baseline.seconds for r in results)
+    tps, base_tps = _rate(spec_tokens, spec_s), _rate(base_tokens, base_s)
+    per_position = {}
+    for pos in range(1, k + 1):
+        reached = int((accepted >= pos - 1).sum())
+        per_position[str(pos)] = float((accepted >= pos).sum()) / reached if reached else 0.0
+    metrics = {
+        "num_prompts": len(results),
+        "new_tokens": spec_tokens,
+        "steps": steps,
+        "acceptance_length": float(accepted.mean()) + 1 if steps else 0.0,
+        "acceptance_rate": float(accepted.sum()) / (steps * k) if steps else 0.0,
+        "per_position_acceptance": per_position,
+        "tokens_per_s": tps,
+        "baseline_tokens_per_s": base_tps,
+        "speedup": tps / base_tps if base_tps else 0.0,
+        "draft_ms_per_step": 1000 * sum(r.spec.draft_s for r in results) / max(steps, 1),
+        "verify_ms_per_step": 1000 * sum(r.spec.verify_s for r in results) / max(steps, 1),
+        "prefill_ms_per_prompt": 1000 * sum(r.spec.prefill_s for r in results) / max(len(results), 1),
+    }
+    lookups = [r.lookup for r in results if r.lookup is not None]
+    if lookups:
+        look_tps = _rate(sum(len(g.tokens) for g in lookups), sum(g.seconds for g in lookups))
+        metrics["prompt_lookup_tokens_per_s"] = look_tps
+        metrics["prompt_lookup_speedup"] = look_tps / base_tps if base_tps else 0.0
+        metrics["prompt_lookup_greedy_match"] = sum(
+            r.lookup.tokens == r.baseline.tokens for r in results if r.lookup is not None
+        ) / len(lookups)
+    if greedy:
+        divergences = [r.divergence for r in results if r.divergence is not None]
+        metrics["greedy_match"] = sum(r.match for r in results) / max(len(results), 1)
+        metrics["divergences"] = len(divergences)
+        metrics["unexplained_divergences"] = sum(not d.explained for d in divergences)
+        metrics["lossless"] = all(d.explained for d in divergences)
+    return metrics

@@ -1,0 +1,92 @@
+"""Stage speculative-eval: the trained drafter drives real speculative decoding of the target;
+plain greedy and prompt-lookup decoding run interleaved in the same process for comparison."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.progress import Progress
+
+from eagle3.drafter.export import load_drafter, load_drafter_config
+from eagle3.spec.engine import SpecEngine
+from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize
+from eagle3.spec.prompts import load_prompts, render_prompt
+from eagle3.spec.report import write_acceptance_plot
+from eagle3.stageio import write_json, write_metrics
+from eagle3.target.load import DTYPES, has_chat_template, load_target
+from eagle3.tracking import pipeline_run
+from stages.common import console, reported_failures, validated_params
+
+DRAFTER = Path("artifacts/train/drafter")
+OUT = Path("artifacts/speculative-eval")
+PLOT_CSV, PLOT_PNG = Path("plots/acceptance.csv"), Path("plots/acceptance.png")
+
+
+def main() -> None:
+    params = validated_params()
+    ev = params.eval
+    with reported_failures("speculative-eval"):
+        # Everything checkable without the model first: bad input fails in milliseconds.
+        if ev.backend != "hf":
+            raise ValueError(f"eval.backend: '{ev.backend}' is not available in this build (allowed: hf)")
+        prompts = load_prompts(ev.prompts_file, ev.num_prompts)
+        if not (DRAFTER / "config.json").exists():
+            raise FileNotFoundError(f"{DRAFTER} holds no exported drafter: run the train stage first")
+        drafter_cfg = load_drafter_config(DRAFTER)
+
+        target = load_target(params.target.model_copy(update={"dtype": ev.dtype}))
+        if drafter_cfg.vocab_size != target.vocab_size or max(drafter_cfg.aux_layer_ids) >= target.num_layers:
+            raise ValueError(
+                f"{DRAFTER} was trained for another target (vocab {drafter_cfg.vocab_size}, aux layers "
+                f"{drafter_cfg.aux_layer_ids}; target vocab {target.vocab_size}, {target.num_layers} layers)"
+            )
+        embed = target.model.get_input_embeddings().weight
+        drafter = load_drafter(DRAFTER, embed, dtype=DTYPES[ev.drafter_dtype or ev.dtype])
+        engine = SpecEngine(
+            target.model, drafter, target.decoder_layers, target.final_norm, mode=ev.mode, k=ev.k,
+            topk=ev.topk, tree_budget=ev.tree_budget, temperature=ev.temperature, seed=ev.seed,
+        )
+        chat = has_chat_template(params.target.source)
+        batch = [(p.id, render_prompt(target.tokenizer, p.text, chat)) for p in prompts]
+        eos = eos_token_ids(target.model, target.tokenizer)
+        greedy = ev.temperature == 0
+
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("speculative-eval", total=len(batch))
+            run = run_comparison(
+                engine, batch, ev.max_new_tokens, eos,
+                prompt_lookup_tokens=ev.prompt_lookup_tokens if ev.prompt_lookup else None,
+                check=greedy, on_prompt=lambda _: progress.advance(task),
+            )
+        metrics = summarize(run, ev.k, greedy)
+        write_json(OUT / "results.json", {"prompts": [r.as_dict() for r in run.results]})
+        write_acceptance_plot(metrics["per_position_acceptance"], PLOT_CSV, PLOT_PNG)
+        write_metrics("speculative-eval", metrics)
+        with pipeline_run(params, "speculative-eval") as mlrun:
+            mlrun.log_metrics(metrics)
+            mlrun.log_artifact(PLOT_PNG, "plots")
+            mlrun.log_artifact(OUT / "results.json", "speculative-eval")
+
+        console.print(
+            f"acceptance length {metrics['acceptance_length']:.2f}, {metrics['tokens_per_s']:.1f} tok/s vs "
+            f"{metrics['baseline_tokens_per_s']:.1f} plain: speedup {metrics['speedup']:.2f}x"
+            + (f" (prompt lookup {metrics['prompt_lookup_speedup']:.2f}x)" if ev.prompt_lookup else "")
+        )
+        if greedy:
+            console.print(
+                f"greedy_match {metrics['greedy_match']:.2f}, {metrics['divergences']} divergence(s), "
+                f"lossless: {metrics['lossless']}"
+            )
+            bad = [r for r in run.results if r.divergence is not None and not r.divergence.explained]
+            if bad:
+                lines = [
+                    f"prompt {r.id}: token {r.divergence.index}: baseline {r.divergence.baseline_token} vs "
+                    f"speculative {r.divergence.spec_token}, logit gap {r.divergence.gap:.4g} > rounding "
+                    f"tolerance {r.divergence.tolerance:.4g}"
+                    for r in bad
+                ]
+                raise RuntimeError("speculative output is not lossless:\n  " + "\n  ".join(lines))
+
+
+if __name__ == "__main__":
+    main()

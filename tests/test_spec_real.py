@@ -1,0 +1,36 @@
+"""One end-to-end check on the real default target (SmolLM2-135M-Instruct) in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3.drafter import DrafterConfig, Eagle3Drafter
+from eagle3.params import TargetParams, default_aux_layers
+from eagle3.spec.engine import SpecEngine, greedy_decode
+from eagle3.spec.evaluate import eos_token_ids
+from eagle3.spec.prompts import load_prompts, render_prompt
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from eagle3.target.load import load_target
+
+    try:
+        return load_target(TargetParams(dtype="float64", threads=1))
+    except (FileNotFoundError, ImportError, OSError) as err:
+        pytest.skip(f"default target not available: {err}")
+
+
+@pytest.mark.parametrize("setting", [dict(mode="chain", k=3), dict(mode="tree", k=3, topk=3, tree_budget=8)])
+def test_smollm2_float64_speculative_equals_greedy(smollm2, setting):
+    target = smollm2
+    cfg = DrafterConfig.from_target_config(target.config, 2048, default_aux_layers(target.num_layers))
+    torch.manual_seed(0)
+    embed = target.model.get_input_embeddings().weight
+    drafter = Eagle3Drafter(cfg, embed).double().eval().requires_grad_(False)
+    engine = SpecEngine(target.model, drafter, target.decoder_layers, target.final_norm, **setting)
+    prompt = render_prompt(target.tokenizer, load_prompts(None, 1)[0].text, chat=True)
+    eos = eos_token_ids(target.model, target.tokenizer)
+    base = greedy_decode(target.model, prompt, 10, eos)
+    assert engine.generate(prompt, 10, eos).tokens == base.tokens
