@@ -67,7 +67,7 @@ class ExtractParams(Section):
     @model_validator(mode="after")
     def _sglang_needs_url(self) -> ExtractParams:
         if self.backend == "sglang" and not self.sglang_url:
-            raise ValueError("backend 'sglang' needs sglang_url (the address of an SGLang server you started)")
+            raise ValueError("backend 'sglang' needs sglang_url (the address of a running SGLang server)")
         return self
 
 
@@ -120,10 +120,11 @@ class EvalParams(Section):
     seed: int = 0
     # float32 by default: on CPUs without AMX/AVX512-BF16 (AVX2 only) a bf16 forward over n
     # tokens costs ~n one-token forwards, which leaves speculative decoding nothing to gain.
-    dtype: Literal["bfloat16", "float32", "float64"] = "float32"
+    # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32.
+    dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     # The drafter's own dtype (null = eval.dtype). Its forwards are small and mostly one token,
     # where bf16 reads half the bytes; losslessness never depends on the drafter's precision.
-    drafter_dtype: Literal["bfloat16", "float32", "float64"] | None = "bfloat16"
+    drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = "bfloat16"
     prompt_lookup: bool = True
     # transformers' prompt_lookup_num_tokens for the prompt-lookup peer.
     prompt_lookup_tokens: int = Field(default=4, ge=1, le=64)

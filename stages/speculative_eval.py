@@ -7,13 +7,14 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from eagle3.device import resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config
 from eagle3.spec.engine import SpecEngine
 from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize
 from eagle3.spec.prompts import load_prompts, render_prompt
 from eagle3.spec.report import write_acceptance_plot
 from eagle3.stageio import write_json, write_metrics
-from eagle3.target.load import DTYPES, has_chat_template, load_target
+from eagle3.target.load import has_chat_template, load_target
 from eagle3.tracking import pipeline_run
 from stages.common import console, reported_failures, validated_params
 
@@ -41,7 +42,7 @@ def main() -> None:
                 f"{drafter_cfg.aux_layer_ids}; target vocab {target.vocab_size}, {target.num_layers} layers)"
             )
         embed = target.model.get_input_embeddings().weight
-        drafter = load_drafter(DRAFTER, embed, dtype=DTYPES[ev.drafter_dtype or ev.dtype])
+        drafter = load_drafter(DRAFTER, embed, dtype=resolve_dtype(ev.drafter_dtype or ev.dtype))
         engine = SpecEngine(
             target.model, drafter, target.decoder_layers, target.final_norm, mode=ev.mode, k=ev.k,
             topk=ev.topk, tree_budget=ev.tree_budget, temperature=ev.temperature, seed=ev.seed,

@@ -152,4 +152,5 @@ def test_self_distillation_answers_with_the_targets_own_words(smollm2, fp, tmp_p
         assert 1 <= len(answer) <= 6 + 2  # generated tokens, then the end-of-turn marker and newline
     again = tmp_path / "again"
     extract_features(smollm2, params, AUX, fp, again)
-    assert (again / "shard-00000.safetensors").read_bytes() == (tmp_path / "shard-00000.safetensors").read_bytes()
+    shard = "shard-00000.safetensors"
+    assert (again / shard).read_bytes() == (tmp_path / shard).read_bytes()

@@ -29,7 +29,10 @@ def test_repo_params_file_is_valid():
         ({"vocab": {"size": 0}}, "vocab.size: Input should be greater than or equal to 1 (got 0)"),
         ({"vocab": {"sise": 10}}, "vocab.sise: unknown key (allowed: size, coverage_grid)"),
         ({"train": {"epochs": "many"}}, "train.epochs: Input should be a valid integer"),
-        ({"extract": {"aux_layers": [1, 2]}}, "extract.aux_layers: must list exactly 3 layer ids (or be null for EAGLE-3's default) (got [1, 2])"),
+        (
+            {"extract": {"aux_layers": [1, 2]}},
+            "extract.aux_layers: must list exactly 3 layer ids (or be null for EAGLE-3's default)",
+        ),
         ({"bogus": {}}, "bogus: unknown key (allowed: target, data, extract"),
         ({"eval": {"k": 0}}, "eval.k: Input should be greater than or equal to 1 (got 0)"),
     ],
