@@ -154,7 +154,7 @@ class Params(Section):
 
     def flat(self) -> dict[str, Any]:
         """Params as {"section.key": value}, the form MLflow and `dvc exp show` use."""
-        return _flatten(self.model_dump())
+        return flatten(self.model_dump())
 
 
 class ParamsError(ValueError):
@@ -165,12 +165,13 @@ class ParamsError(ValueError):
         super().__init__(f"invalid params in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as {"a.b": value}."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
         if isinstance(value, dict):
-            flat.update(_flatten(value, path + "."))
+            flat.update(flatten(value, path + "."))
         else:
             flat[path] = value
     return flat

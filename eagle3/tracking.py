@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from eagle3.params import Params
+from eagle3.params import Params, flatten
 from eagle3.stageio import REPO_STAGES, metrics_path, read_json
 
 RUN_KEY_TAG = "eagle3.run_key"
@@ -64,18 +64,13 @@ def run_key(params: Params) -> str:
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
-def numeric_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
-    """Flatten nested metrics into MLflow's {name: float}; non-numbers are dropped."""
-    flat: dict[str, float] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(numeric_metrics(value, name + "."))
-        elif isinstance(value, bool):
-            flat[name] = float(value)
-        elif isinstance(value, (int, float)) and value == value:  # drop NaN
-            flat[name] = float(value)
-    return flat
+def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Flatten nested metrics into MLflow's {name: float}; non-numbers and NaN are dropped."""
+    return {
+        name: float(value)
+        for name, value in flatten(metrics).items()
+        if isinstance(value, (bool, int, float)) and value == value
+    }
 
 
 class StageRun:

@@ -90,7 +90,7 @@ class TTTCache(DrafterCache):
         self.diag_v: list[Tensor] = []
 
     def crop(self, n_keep: int) -> None:
-        raise NotImplementedError("a TTT cache is built for one unroll and never cropped")
+        raise TypeError("a TTT cache is built for one training unroll and cannot be cropped")
 
 
 class Attention(nn.Module):
