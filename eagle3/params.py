@@ -82,6 +82,9 @@ class VocabParams(Section):
 class TrainParams(Section):
     ttt_length: int = Field(default=7, ge=1, le=32)
     ttt_decay: float = Field(default=0.8, gt=0, le=1)
+    # target = start the drafter's lm_head and final norm from the target's (the K draft rows):
+    # the drafter then only has to learn to produce target-like final states. random = N(0, 0.02).
+    head_init: Literal["target", "random"] = "target"
     epochs: int = Field(default=4, ge=1)
     # Sequences are packed/cut to this many tokens per micro-batch row.
     seq_len: int = Field(default=512, ge=16)
@@ -125,6 +128,9 @@ class EvalParams(Section):
     # The drafter's own dtype (null = eval.dtype). Its forwards are small and mostly one token,
     # where bf16 reads half the bytes; losslessness never depends on the drafter's precision.
     drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = "bfloat16"
+    # Pack float32 CPU weights of the target and drafter for oneDNN once (eagle3/packed.py): all
+    # three decoders get faster, multi-token verification most. No effect on GPU or in bf16.
+    pack_weights: bool = True
     prompt_lookup: bool = True
     # transformers' prompt_lookup_num_tokens for the prompt-lookup peer.
     prompt_lookup_tokens: int = Field(default=4, ge=1, le=64)

@@ -9,6 +9,7 @@ from rich.progress import Progress
 
 from eagle3.device import resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config
+from eagle3.packed import pack_linears
 from eagle3.spec.engine import SpecEngine
 from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize
 from eagle3.spec.prompts import load_prompts, render_prompt
@@ -43,6 +44,9 @@ def main() -> None:
             )
         embed = target.model.get_input_embeddings().weight
         drafter = load_drafter(DRAFTER, embed, dtype=resolve_dtype(ev.drafter_dtype or ev.dtype))
+        if ev.pack_weights:  # the same packed target serves the baseline, the engine and the peer
+            pack_linears(target.model)
+            pack_linears(drafter)
         engine = SpecEngine(
             target.model, drafter, target.decoder_layers, target.final_norm, mode=ev.mode, k=ev.k,
             topk=ev.topk, tree_budget=ev.tree_budget, temperature=ev.temperature, seed=ev.seed,

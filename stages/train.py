@@ -23,7 +23,7 @@ from eagle3.stageio import read_json, write_csv, write_metrics
 from eagle3.target.load import load_target_config
 from eagle3.tracking import pipeline_run
 from eagle3.train.checks import check_inputs
-from eagle3.train.heads import load_target_heads
+from eagle3.train.heads import load_target_final_norm, load_target_heads
 from eagle3.train.loop import TrainInputs, check_memory, precision, train_drafter
 from eagle3.vocab import MAPPING, load_mapping
 from stages.common import console, reported_failures, validated_params
@@ -87,7 +87,8 @@ def prepare(params: Params) -> TrainInputs:
     store.verify()
     master, autocast = precision(params.train)
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
-    return TrainInputs(store, embed, head, d2t, t2d, cfg, run_key(params, cfg))
+    norm = load_target_final_norm(params.target.source, master)
+    return TrainInputs(store, embed, head, d2t, t2d, cfg, run_key(params, cfg), norm)
 
 
 def per_position(summary: dict) -> dict:

@@ -87,8 +87,9 @@ def tiny_inputs(folder: Path) -> TrainInputs:
     ids = torch.arange(K) * 3  # every third token is in the draft vocab
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[ids] = True
+    norm = 1 + 0.1 * torch.randn(H, generator=g)
     return TrainInputs(
-        tiny_store(folder), embed, head, ids - torch.arange(K), t2d, tiny_cfg(), run_key="tiny"
+        tiny_store(folder), embed, head, ids - torch.arange(K), t2d, tiny_cfg(), run_key="tiny", final_norm=norm
     )
 
 
@@ -182,6 +183,18 @@ def test_training_learns_and_reports(tmp_path):
     assert last["loss"] < first["loss"]
     assert len(out.metrics["heldout"]["acc"]) == 3 and 1.0 <= out.metrics["acceptance_length"] <= 4.0
     assert out.metrics["steps"] == len(out.curve)
+
+
+@pytest.mark.parametrize("head_init", ["target", "random"])
+def test_head_init_starts_from_the_target_head_and_norm(tmp_path, head_init):
+    inputs = tiny_inputs(tmp_path / "f")
+    # lr so small that the weights are still their initial values after training
+    out = train_drafter(tiny_params(epochs=1, lr=1e-12, head_init=head_init), inputs, progress=False)
+    rows = inputs.head[torch.arange(K) + inputs.d2t]
+    from_target = torch.allclose(out.drafter.lm_head.weight, rows, atol=1e-6) and torch.allclose(
+        out.drafter.norm.weight, inputs.final_norm, atol=1e-6
+    )
+    assert from_target == (head_init == "target")
 
 
 def test_resume_gives_bitwise_identical_weights(tmp_path):

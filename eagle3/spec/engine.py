@@ -72,16 +72,19 @@ class TargetRunner:
         return logits
 
 
-class LazyRows:
-    """Rows of f(hidden) computed on first use: the lm_head of a verified position is only
-    paid when the acceptance walk reaches it."""
+class VerifiedRows:
+    """f(hidden) of the verified positions, computed for all rows in one call on first use.
+
+    One lm_head GEMM over the k+1 rows of a verification costs about what a single row does
+    (the weights are read once), so the rows are not computed one by one as the walk needs them.
+    """
 
     def __init__(self, hidden: Tensor, fn):
-        self.hidden, self.fn, self.rows = hidden, fn, {}
+        self.hidden, self.fn, self.rows = hidden, fn, None
 
     def __call__(self, i: int) -> Tensor:
-        if i not in self.rows:
-            self.rows[i] = self.fn(self.hidden[i])
+        if self.rows is None:
+            self.rows = self.fn(self.hidden)
         return self.rows[i]
 
 
@@ -169,7 +172,7 @@ class SpecEngine:
 
     def accept_chain(self, draft: list[int], q: Tensor | None, hidden: Tensor) -> tuple[int, int]:
         """draft: k target ids; q [k, K]: their draft distributions (sampling); hidden [k+1, H]."""
-        logits = LazyRows(hidden, self.target.logits)
+        logits = VerifiedRows(hidden, self.target.logits)
         if not self.sampling:
             return verify.greedy_chain(draft, logits)
         t2d = {int(t): d for d, t in enumerate(self.draft_to_target.tolist())}
@@ -183,7 +186,7 @@ class SpecEngine:
 
     def accept_tree(self, tokens: list[int], parents: list[int], hidden: Tensor) -> tuple[list[int], int]:
         """Verification tree (root first) and its hidden states [N, H]: (path, next token)."""
-        logits = LazyRows(hidden, self.target.logits)
+        logits = VerifiedRows(hidden, self.target.logits)
         if not self.sampling:
             return verify.greedy_tree(tokens, parents, logits)
         children: list[list[int]] = [[] for _ in tokens]

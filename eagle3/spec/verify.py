@@ -1,8 +1,8 @@
 """The acceptance rules: which drafted tokens the target keeps, and the token it adds.
 
 Every rule walks the draft from the root and asks for the target's logits of one verified
-position at a time (`logits(i)` -> [V]); the caller computes them lazily, so a step only pays
-the lm_head of the positions the walk reaches (a+1 of them), not of every drafted token.
+position at a time (`logits(i)` -> [V]); the caller decides how they are computed (the engine
+computes all verified rows in one lm_head call on first use).
 
 Greedy (temperature 0): a draft token is kept while it equals the target's argmax at its
 parent; the target's argmax after the last kept token is the next (bonus) token. The output

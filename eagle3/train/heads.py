@@ -57,3 +57,23 @@ def load_target_heads(source: str, dtype: torch.dtype = torch.bfloat16) -> tuple
     if not tied:
         raise ValueError(f"{folder}: tie_word_embeddings is false but there is no lm_head.weight")
     return embed, embed
+
+
+def load_target_final_norm(source: str, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The target's final norm scale [H], as a Llama-style RMSNorm weight (the drafter's kind).
+
+    Gemma's norms scale by (1 + w), so its weight is shifted by one.
+    """
+    folder = Path(resolve_target(source))
+    config = json.loads((folder / "config.json").read_text())
+    text = config.get("text_config") or config
+    files = _tensor_files(folder)
+    names = sorted(
+        n for n in files if n.endswith("norm.weight") and ".layers." not in n and "vision" not in n
+    )
+    if len(names) != 1:
+        raise ValueError(f"{folder}: expected one final norm weight outside the layers, found {names}")
+    weight = _read(files, names[0], torch.float32)
+    if "gemma" in str(text.get("model_type", config.get("model_type", ""))):
+        weight = weight + 1.0
+    return weight.to(dtype)

@@ -52,6 +52,7 @@ class TrainInputs:
     t2d: Tensor  # bool [V]
     drafter_cfg: DrafterConfig
     run_key: str = ""  # identifies params + inputs; a checkpoint with another key is not resumed
+    final_norm: Tensor | None = None  # target final norm as a Llama RMSNorm weight [H] (head_init: target)
 
 
 @dataclass
@@ -244,6 +245,12 @@ def train_drafter(
     drafter = Eagle3Drafter(cfg, inputs.embed.to(compute)).to(master)
     drafter.embed_tokens.weight.data = inputs.embed.to(compute)
     drafter.set_vocab_mapping(inputs.d2t, inputs.t2d)
+    if p.head_init == "target":
+        if inputs.final_norm is None:
+            raise ValueError("train.head_init: target needs the target's final norm (TrainInputs.final_norm)")
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(inputs.head[draft_rows])
+            drafter.norm.weight.copy_(inputs.final_norm)
     model = TTTModel(drafter, inputs.head[draft_rows].to(compute), p.ttt_length, p.ttt_decay).to(device)
     ddp_model = model
     if d.world > 1:
