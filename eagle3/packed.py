@@ -42,7 +42,9 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         with torch.no_grad():
             self.register_buffer(
-                "packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint), persistent=False
+                "packed",
+                torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint),
+                persistent=False,
             )
 
     def forward(self, x: Tensor) -> Tensor:

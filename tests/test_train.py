@@ -89,7 +89,14 @@ def tiny_inputs(folder: Path) -> TrainInputs:
     t2d[ids] = True
     norm = 1 + 0.1 * torch.randn(H, generator=g)
     return TrainInputs(
-        tiny_store(folder), embed, head, ids - torch.arange(K), t2d, tiny_cfg(), run_key="tiny", final_norm=norm
+        tiny_store(folder),
+        embed,
+        head,
+        ids - torch.arange(K),
+        t2d,
+        tiny_cfg(),
+        run_key="tiny",
+        final_norm=norm,
     )
 
 

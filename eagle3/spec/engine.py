@@ -60,7 +60,10 @@ class TargetRunner:
     ) -> Tensor:
         """Final (post-norm) hidden states [T, H] of `ids` [T] at `positions` [T]."""
         out = self.decoder(
-            input_ids=ids[None], position_ids=positions[None], attention_mask=mask, cache=cache,
+            input_ids=ids[None],
+            position_ids=positions[None],
+            attention_mask=mask,
+            cache=cache,
             use_cache=True,
         )
         return out.last_hidden_state[0]
@@ -238,7 +241,10 @@ class SpecEngine:
             prefix = torch.ones(f, past, dtype=torch.bool)
             visible = torch.cat([prefix, seen, torch.eye(f, dtype=torch.bool)], dim=1)
             out = self.drafter(
-                all_tokens[frontier][None], frontier_hidden, torch.full((1, f), m + depth - 1), cache,
+                all_tokens[frontier][None],
+                frontier_hidden,
+                torch.full((1, f), m + depth - 1),
+                cache,
                 attn_mask=visible[None, None],
             )
             grown = torch.zeros(n_slots + f, n_slots + f, dtype=torch.bool)
