@@ -1,7 +1,7 @@
 """Speculative vs plain greedy decoding, measured as ratios in one run (median over prompts).
 
     python -m bench.spec [--drafter artifacts/train/drafter] [--dtype float32] [--prompts 6]
-        [--tokens 64] [--mode tree --k 4 --topk 4 --budget 16] [--threads N] [--lookup 4]
+        [--tokens 64] [--mode tree --k 4 --topk 4 --budget 16] [--threads N] [--lookup 4] [--no-pack]
 
 Each prompt is decoded plain, speculatively (and with prompt lookup) back to back, in
 rotating order, so machine noise hits all alike. Prints the machine first: numbers from
@@ -21,6 +21,7 @@ import torch
 
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import load_drafter
+from eagle3.packed import pack_linears
 from eagle3.params import TargetParams, default_aux_layers
 from eagle3.spec.engine import SpecEngine
 from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--lookup", type=int, default=0, help="prompt_lookup_num_tokens (0 = skip)")
+    ap.add_argument("--no-pack", action="store_true", help="keep the default (unpacked) float32 weights")
     args = ap.parse_args()
 
     target = load_target(TargetParams(source=args.target, dtype=args.dtype, threads=args.threads))
@@ -72,6 +74,9 @@ def main() -> None:
         cfg = DrafterConfig.from_target_config(target.config, 8192, default_aux_layers(target.num_layers))
         drafter = Eagle3Drafter(cfg, embed).to(dtype).eval().requires_grad_(False)
         print("drafter: random (no exported drafter found): measures overhead, not speedup")
+    if not args.no_pack:  # as speculative-eval does (eval.pack_weights)
+        pack_linears(target.model)
+        pack_linears(drafter)
     engine = SpecEngine(
         target.model, drafter, target.decoder_layers, target.final_norm,
         mode=args.mode, k=args.k, topk=args.topk, tree_budget=args.budget,
