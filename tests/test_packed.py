@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
+from test_spec_fixtures import EOS, engine, fitted_pair, prompts, tiny_target
 from torch import nn
 
 from eagle3.packed import PackedLinear, pack_linears, packing_available
 from eagle3.spec.engine import greedy_decode
-from tests.test_spec_fixtures import EOS, engine, fitted_pair, prompts, tiny_target
 
 pytestmark = pytest.mark.skipif(
     not packing_available(torch.float32), reason="oneDNN packing is not available in this torch build"
