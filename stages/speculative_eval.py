@@ -51,6 +51,11 @@ def main() -> None:
             target.model, drafter, target.decoder_layers, target.final_norm, mode=ev.mode, k=ev.k,
             topk=ev.topk, tree_budget=ev.tree_budget, temperature=ev.temperature, seed=ev.seed,
         )
+        if ev.k > params.train.ttt_length:
+            console.print(
+                f"[yellow]warning:[/] eval.k={ev.k} > train.ttt_length={params.train.ttt_length}: draft "
+                f"positions {params.train.ttt_length + 1}..{ev.k} come from unroll steps never trained"
+            )
         chat = has_chat_template(params.target.source)
         batch = [(p.id, render_prompt(target.tokenizer, p.text, chat)) for p in prompts]
         eos = eos_token_ids(target.model, target.tokenizer)
