@@ -101,6 +101,36 @@ def regenerate(target: Target, batch: list[list[Message]], params: Params, chat:
     ]
 
 
+def prompt_length(tokenizer, messages: list[Message], chat: bool) -> int:
+    """Tokens of the prompt self-distillation feeds the target (system + first user turn)."""
+    head = first_exchange(messages)
+    if chat:  # tokenized as `regenerate` does
+        text = tokenizer.apply_chat_template(head, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False).input_ids)
+    return len(tokenizer(head[-1]["content"]).input_ids)
+
+
+def regenerate_group(
+    target: Target, group: list[list[Message]], params: Params, chat: bool
+) -> list[Rendered]:
+    """Self-distil a shard's conversations in batches of similar prompt length, returned in order.
+
+    Every row's prefill is left-padded to the longest prompt of its batch, and ShareGPT prompts
+    range from a few to hundreds of tokens (48 samples x 48 new tokens, batches of 16: 1.10x
+    faster sorted than in sample order).
+    """
+    lengths = [prompt_length(target.tokenizer, m, chat) for m in group]
+    order = sorted(range(len(group)), key=lambda i: (lengths[i], i))
+    size = params.data.regenerate_batch_size
+    rendered: list[Rendered | None] = [None] * len(group)
+    for lo in range(0, len(order), size):
+        batch = order[lo : lo + size]
+        answered = regenerate(target, [group[i] for i in batch], params, chat)
+        for i, messages in zip(batch, answered, strict=True):
+            rendered[i] = render_conversation(target.tokenizer, messages, params.data.max_length, chat)
+    return rendered
+
+
 def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Indices grouped by length (little padding) so that rows x longest <= batch_tokens."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -195,14 +225,7 @@ def extract_features(
                 return {"interrupted_after": index}
             rendered = [s.rendered for s in group]
             if params.data.regenerate:
-                rendered = []
-                size = params.data.regenerate_batch_size
-                for lo in range(0, len(group), size):
-                    answered = regenerate(target, [s.messages for s in group[lo : lo + size]], params, chat)
-                    rendered += [
-                        render_conversation(target.tokenizer, m, params.data.max_length, chat)
-                        for m in answered
-                    ]
+                rendered = regenerate_group(target, [s.messages for s in group], params, chat)
             samples: list[Sample | None] = [None] * len(group)
             for batch in token_batches([len(r.input_ids) for r in rendered], params.extract.batch_tokens):
                 captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
