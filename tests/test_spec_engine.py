@@ -9,7 +9,7 @@ from test_spec_fixtures import EOS, V, engine, fitted_pair, prompts, random_draf
 
 from eagle3.params import ParamsError, parse_params
 from eagle3.spec import verify
-from eagle3.spec.engine import SpecEngine, VerifiedRows, greedy_decode
+from eagle3.spec.engine import SpecEngine, greedy_decode
 from eagle3.spec.evaluate import run_comparison, summarize
 
 SETTINGS = {
@@ -62,7 +62,7 @@ class WrongChainRule(SpecEngine):
     """A planted bug: one rejected draft token is accepted anyway."""
 
     def accept_chain(self, draft, q, hidden):
-        logits = VerifiedRows(hidden, self.target.logits)
+        logits = self.target.logits(hidden).__getitem__
         accepted, _ = verify.greedy_chain(draft, logits)
         accepted = min(accepted + 1, len(draft))
         return accepted, int(logits(accepted).argmax())

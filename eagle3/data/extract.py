@@ -68,17 +68,20 @@ def first_exchange(messages: list[Message]) -> list[Message]:
     return head
 
 
+def prompt_text(tokenizer, head: list[Message], chat: bool) -> str:
+    """What the target is asked to answer: the rendered chat up to the assistant's turn, or the
+    bare user turn for a target without a chat template."""
+    if chat:
+        return tokenizer.apply_chat_template(head, tokenize=False, add_generation_prompt=True)
+    return head[-1]["content"]
+
+
 @torch.no_grad()
 def regenerate(target: Target, batch: list[list[Message]], params: Params, chat: bool) -> list[list[Message]]:
     """The target answers each first user turn itself (greedy, batched, left-padded)."""
     tokenizer = target.tokenizer
     prompts = [first_exchange(m) for m in batch]
-    texts = [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-        if chat
-        else p[-1]["content"]
-        for p in prompts
-    ]
+    texts = [prompt_text(tokenizer, p, chat) for p in prompts]
     tokenizer.padding_side = "left"
     enc = tokenizer(
         texts,
@@ -102,12 +105,9 @@ def regenerate(target: Target, batch: list[list[Message]], params: Params, chat:
 
 
 def prompt_length(tokenizer, messages: list[Message], chat: bool) -> int:
-    """Tokens of the prompt self-distillation feeds the target (system + first user turn)."""
-    head = first_exchange(messages)
-    if chat:  # tokenized as `regenerate` does
-        text = tokenizer.apply_chat_template(head, tokenize=False, add_generation_prompt=True)
-        return len(tokenizer(text, add_special_tokens=False).input_ids)
-    return len(tokenizer(head[-1]["content"]).input_ids)
+    """Tokens of the prompt self-distillation feeds the target, tokenized as `regenerate` does."""
+    text = prompt_text(tokenizer, first_exchange(messages), chat)
+    return len(tokenizer(text, add_special_tokens=not chat).input_ids)
 
 
 def regenerate_group(

@@ -75,22 +75,6 @@ class TargetRunner:
         return logits
 
 
-class VerifiedRows:
-    """f(hidden) of the verified positions, computed for all rows in one call on first use.
-
-    One lm_head GEMM over the k+1 rows of a verification costs about what a single row does
-    (the weights are read once), so the rows are not computed one by one as the walk needs them.
-    """
-
-    def __init__(self, hidden: Tensor, fn):
-        self.hidden, self.fn, self.rows = hidden, fn, None
-
-    def __call__(self, i: int) -> Tensor:
-        if self.rows is None:
-            self.rows = self.fn(self.hidden)
-        return self.rows[i]
-
-
 def _finish(tokens: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> tuple[list[int], bool]:
     """Cut at the first EOS (kept) or at max_new_tokens; True when decoding is over."""
     for i, token in enumerate(tokens[:max_new_tokens]):
@@ -175,7 +159,8 @@ class SpecEngine:
 
     def accept_chain(self, draft: list[int], q: Tensor | None, hidden: Tensor) -> tuple[int, int]:
         """draft: k target ids; q [k, K]: their draft distributions (sampling); hidden [k+1, H]."""
-        logits = VerifiedRows(hidden, self.target.logits)
+        # one lm_head call over all k+1 rows costs about what one row does (weights read once)
+        logits = self.target.logits(hidden).__getitem__
         if not self.sampling:
             return verify.greedy_chain(draft, logits)
         t2d = {int(t): d for d, t in enumerate(self.draft_to_target.tolist())}
@@ -189,7 +174,7 @@ class SpecEngine:
 
     def accept_tree(self, tokens: list[int], parents: list[int], hidden: Tensor) -> tuple[list[int], int]:
         """Verification tree (root first) and its hidden states [N, H]: (path, next token)."""
-        logits = VerifiedRows(hidden, self.target.logits)
+        logits = self.target.logits(hidden).__getitem__
         if not self.sampling:
             return verify.greedy_tree(tokens, parents, logits)
         children: list[list[int]] = [[] for _ in tokens]

@@ -2,7 +2,7 @@
 
 Every rule walks the draft from the root and asks for the target's logits of one verified
 position at a time (`logits(i)` -> [V]); the caller decides how they are computed (the engine
-computes all verified rows in one lm_head call on first use).
+computes all verified rows in one lm_head call up front).
 
 Greedy (temperature 0): a draft token is kept while it equals the target's argmax at its
 parent; the target's argmax after the last kept token is the next (bonus) token. The output

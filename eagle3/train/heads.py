@@ -40,18 +40,24 @@ def _read(files: dict[str, Path], name: str, dtype: torch.dtype) -> Tensor:
         return f.get_tensor(name).to(dtype)
 
 
-def load_target_heads(source: str, dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
-    """(input embedding [V, H], lm_head [V, H]) of the target `source` (params target.source)."""
+def _target_files(source: str) -> tuple[Path, dict, dict[str, Path]]:
+    """(folder, text config, tensor name -> file) of the target `source` (params target.source)."""
     folder = Path(resolve_target(source))
     config = json.loads((folder / "config.json").read_text())
-    text = config.get("text_config") or config
-    files = _tensor_files(folder)
+    # multimodal configs nest the language model's keys; top-level ones fill the gaps
+    text = config | (config.get("text_config") or {})
+    return folder, text, _tensor_files(folder)
+
+
+def load_target_heads(source: str, dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
+    """(input embedding [V, H], lm_head [V, H]) of the target `source` (params target.source)."""
+    folder, text, files = _target_files(source)
     embed_names = sorted(n for n in files if n.endswith(EMBED_SUFFIX) and "vision" not in n)
     if not embed_names:
         raise ValueError(f"{folder}: no tensor named *{EMBED_SUFFIX}")
     embed = _read(files, embed_names[0], dtype)
     head_name = next((n for n in HEAD_NAMES if n in files), None)
-    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", True))
+    tied = text.get("tie_word_embeddings", True)
     if head_name is not None:
         return embed, _read(files, head_name, dtype)
     if not tied:
@@ -64,16 +70,13 @@ def load_target_final_norm(source: str, dtype: torch.dtype = torch.float32) -> T
 
     Gemma's norms scale by (1 + w), so its weight is shifted by one.
     """
-    folder = Path(resolve_target(source))
-    config = json.loads((folder / "config.json").read_text())
-    text = config.get("text_config") or config
-    files = _tensor_files(folder)
+    folder, text, files = _target_files(source)
     names = sorted(
         n for n in files if n.endswith("norm.weight") and ".layers." not in n and "vision" not in n
     )
     if len(names) != 1:
         raise ValueError(f"{folder}: expected one final norm weight outside the layers, found {names}")
     weight = _read(files, names[0], torch.float32)
-    if "gemma" in str(text.get("model_type", config.get("model_type", ""))):
+    if "gemma" in str(text.get("model_type", "")):
         weight = weight + 1.0
     return weight.to(dtype)

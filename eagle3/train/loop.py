@@ -235,7 +235,7 @@ def train_drafter(
     np.random.seed(p.seed)
     store = inputs.store
     train_ids, held_ids = split_samples(len(store), p.heldout_fraction, p.seed)
-    draft_rows = torch.arange(cfg.draft_vocab_size) + inputs.d2t
+    head_rows = inputs.head[torch.arange(cfg.draft_vocab_size) + inputs.d2t]  # the K draft rows
     in_draft = target_in_draft(store, train_ids + held_ids, inputs.head, inputs.t2d)
     train_src = BatchSource(store, train_ids, in_draft, p.seq_len)
     held_src = BatchSource(store, held_ids, in_draft, p.seq_len)
@@ -249,9 +249,9 @@ def train_drafter(
         if inputs.final_norm is None:
             raise ValueError("train.head_init: target needs the target's final norm (TrainInputs.final_norm)")
         with torch.no_grad():
-            drafter.lm_head.weight.copy_(inputs.head[draft_rows])
+            drafter.lm_head.weight.copy_(head_rows)
             drafter.norm.weight.copy_(inputs.final_norm)
-    model = TTTModel(drafter, inputs.head[draft_rows].to(compute), p.ttt_length, p.ttt_decay).to(device)
+    model = TTTModel(drafter, head_rows.to(compute), p.ttt_length, p.ttt_decay).to(device)
     ddp_model = model
     if d.world > 1:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
