@@ -142,14 +142,39 @@ def test_corrupted_shard_is_detected(uninterrupted, tmp_path):
         FeatureStore(tmp_path).verify()
 
 
-def test_self_distillation_answers_with_the_targets_own_words(smollm2, fp, tmp_path):
-    params = tiny_params(num_samples=2, regenerate=True, regenerate_max_new_tokens=6, max_length=200)
+def test_self_distillation_features_come_from_the_generation_itself(smollm2, fp, tmp_path):
+    """On-policy data: the target's greedy answer, and features equal to a separate full forward
+    over the same tokens (bf16 rounding); the loss mask covers exactly the generated answer."""
+    params = tiny_params(num_samples=3, regenerate=True, regenerate_max_new_tokens=12, max_length=200)
+    params = params.model_copy(  # one shard, one batch: the prompts are left-padded against each other
+        update={
+            "data": params.data.model_copy(update={"regenerate_batch_size": 3}),
+            "extract": params.extract.model_copy(update={"shard_samples": 3}),
+        }
+    )
     extract_features(smollm2, params, AUX, fp, tmp_path)
     store = FeatureStore(tmp_path)
+    assert len(store) == 3
+    prompt_lengths = set()
     for i in range(len(store)):
         sample = store.sample(i)
-        answer = sample["input_ids"][sample["loss_mask"].bool()]
-        assert 1 <= len(answer) <= 6 + 2  # generated tokens, then the end-of-turn marker and newline
+        ids, mask = sample["input_ids"].long(), sample["loss_mask"].bool()
+        prompt = int((~mask).sum())
+        prompt_lengths.add(prompt)
+        assert not mask[:prompt].any() and mask[prompt:].all()  # the answer is one final span
+        with torch.no_grad():
+            greedy = smollm2.model.generate(ids[None, :prompt], max_new_tokens=12, do_sample=False)
+            ref = smollm2.model(ids[None], output_hidden_states=True).hidden_states
+        answer = greedy[0, prompt:]
+        # fed answer tokens = the greedy answer minus its last token (whose prediction is stored)
+        assert ids[prompt:].tolist() == answer[: len(ids) - prompt].tolist()
+        assert len(answer) == len(ids) - prompt + 1
+        for got, want in (
+            (sample["last_hidden"], ref[-1][0]),
+            (sample["aux_hidden"], torch.cat([ref[i + 1][0] for i in AUX], dim=-1)),
+        ):
+            torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), rtol=2**-6, atol=2e-2)
+    assert len(prompt_lengths) > 1  # the batch really mixed prompt lengths (left padding exercised)
     again = tmp_path / "again"
     extract_features(smollm2, params, AUX, fp, again)
     shard = "shard-00000.safetensors"

@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from safetensors import safe_open
 
 from eagle3.data.conversations import Message, load_conversations, sample_order
+from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.render import Rendered, render_conversation
 from eagle3.data.store import (
     JOURNAL,
@@ -32,29 +34,40 @@ from eagle3.data.store import (
 from eagle3.params import Params
 from eagle3.stageio import write_json
 from eagle3.target.capture import capture_hidden_states
-from eagle3.target.load import Target, has_chat_template
+from eagle3.target.load import Target, eos_token_ids, has_chat_template
 
 
 @dataclass
 class Selected:
     messages: list[Message]
-    rendered: Rendered
+    rendered: Rendered | None  # None under self-distillation: the target writes the answer
 
 
 def select_conversations(params: Params, tokenizer, chat: bool) -> list[Selected]:
-    """The first `data.num_samples` conversations of a seeded order that have enough assistant tokens."""
+    """The first `data.num_samples` conversations of a seeded order with enough to learn from:
+    >= `data.min_assistant_tokens` assistant tokens, or under self-distillation a first prompt
+    that leaves room for that many answer tokens within `data.max_length`."""
     data = params.data
     conversations = load_conversations(data.source)
     chosen: list[Selected] = []
     for index in sample_order(len(conversations), data.seed):
-        rendered = render_conversation(tokenizer, conversations[index], data.max_length, chat)
-        if int(rendered.loss_mask.sum()) >= data.min_assistant_tokens:
-            chosen.append(Selected(conversations[index], rendered))
+        messages = conversations[index]
+        if data.regenerate:
+            rendered = None
+            fits = any(m["role"] == "user" for m in messages) and (
+                len(prompt_ids(tokenizer, messages, chat)) <= data.max_length - data.min_assistant_tokens
+            )
+        else:
+            rendered = render_conversation(tokenizer, messages, data.max_length, chat)
+            fits = int(rendered.loss_mask.sum()) >= data.min_assistant_tokens
+        if fits:
+            chosen.append(Selected(messages, rendered))
             if len(chosen) == data.num_samples:
                 return chosen
+    room = "prompts that leave room for" if data.regenerate else "conversations with >="
     raise ValueError(
         f"data.num_samples: asked for {data.num_samples}, but {data.source} has only {len(chosen)} "
-        f"conversations with >= {data.min_assistant_tokens} assistant tokens (allowed: <= {len(chosen)})"
+        f"{room} {data.min_assistant_tokens} assistant tokens (allowed: <= {len(chosen)})"
     )
 
 
@@ -76,59 +89,44 @@ def prompt_text(tokenizer, head: list[Message], chat: bool) -> str:
     return head[-1]["content"]
 
 
-@torch.no_grad()
-def regenerate(target: Target, batch: list[list[Message]], params: Params, chat: bool) -> list[list[Message]]:
-    """The target answers each first user turn itself (greedy, batched, left-padded)."""
-    tokenizer = target.tokenizer
-    prompts = [first_exchange(m) for m in batch]
-    texts = [prompt_text(tokenizer, p, chat) for p in prompts]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(
-        texts,
-        return_tensors="pt",
-        padding=True,
-        add_special_tokens=not chat,
-        truncation=True,
-        max_length=params.data.max_length,
-    )
-    out = target.model.generate(
-        **enc,
-        do_sample=False,
-        max_new_tokens=params.data.regenerate_max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-    )
-    replies = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
-    return [
-        p + [{"role": "assistant", "content": r.strip() or "."}]
-        for p, r in zip(prompts, replies, strict=True)
-    ]
-
-
-def prompt_length(tokenizer, messages: list[Message], chat: bool) -> int:
-    """Tokens of the prompt self-distillation feeds the target, tokenized as `regenerate` does."""
+def prompt_ids(tokenizer, messages: list[Message], chat: bool) -> np.ndarray:
+    """Token ids of what self-distillation asks the target to answer (the first exchange)."""
     text = prompt_text(tokenizer, first_exchange(messages), chat)
-    return len(tokenizer(text, add_special_tokens=not chat).input_ids)
+    return np.asarray(tokenizer(text, add_special_tokens=not chat).input_ids, dtype=np.int32)
 
 
-def regenerate_group(
-    target: Target, group: list[list[Message]], params: Params, chat: bool
-) -> list[Rendered]:
-    """Self-distil a shard's conversations in batches of similar prompt length, returned in order.
+def onpolicy_group(
+    target: Target, group: list[list[Message]], params: Params, chat: bool, aux_layers: list[int]
+) -> list[Sample]:
+    """Self-distil a shard's conversations: the target answers each first exchange and the
+    features come from that same generation (eagle3/data/onpolicy.py), returned in order.
 
-    Every row's prefill is left-padded to the longest prompt of its batch, and ShareGPT prompts
-    range from a few to hundreds of tokens (48 samples x 48 new tokens, batches of 16: 1.10x
-    faster sorted than in sample order).
+    Prompts of similar length share a batch: every row's prefill is left-padded to the
+    longest prompt of its batch.
     """
-    lengths = [prompt_length(target.tokenizer, m, chat) for m in group]
-    order = sorted(range(len(group)), key=lambda i: (lengths[i], i))
-    size = params.data.regenerate_batch_size
-    rendered: list[Rendered | None] = [None] * len(group)
-    for lo in range(0, len(order), size):
-        batch = order[lo : lo + size]
-        answered = regenerate(target, [group[i] for i in batch], params, chat)
-        for i, messages in zip(batch, answered, strict=True):
-            rendered[i] = render_conversation(target.tokenizer, messages, params.data.max_length, chat)
-    return rendered
+    data = params.data
+    prompts = [prompt_ids(target.tokenizer, m, chat) for m in group]
+    order = sorted(range(len(group)), key=lambda i: (len(prompts[i]), i))
+    eos = eos_token_ids(target)
+    samples: list[Sample | None] = [None] * len(group)
+    for lo in range(0, len(order), data.regenerate_batch_size):
+        batch = order[lo : lo + data.regenerate_batch_size]
+        outputs = generate_with_features(
+            target,
+            [prompts[i] for i in batch],
+            data.regenerate_max_new_tokens,
+            data.max_length,
+            aux_layers,
+            eos,
+        )
+        for i, (rendered, aux, last) in zip(batch, outputs, strict=True):
+            samples[i] = Sample(
+                input_ids=torch.from_numpy(rendered.input_ids),
+                loss_mask=torch.from_numpy(rendered.loss_mask),
+                aux_hidden=aux,
+                last_hidden=last,
+            )
+    return samples
 
 
 def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -223,16 +221,21 @@ def extract_features(
                 continue
             if stop_after_shards is not None and index >= stop_after_shards:
                 return {"interrupted_after": index}
-            rendered = [s.rendered for s in group]
             if params.data.regenerate:
-                rendered = regenerate_group(target, [s.messages for s in group], params, chat)
-            samples: list[Sample | None] = [None] * len(group)
-            for batch in token_batches([len(r.input_ids) for r in rendered], params.extract.batch_tokens):
-                captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
-                for i, sample in zip(batch, captured, strict=True):
-                    samples[i] = sample
-                tokens_done += sum(len(rendered[i].input_ids) for i in batch)
-                progress.update(task, advance=len(batch), tok_s=tokens_done / (time.perf_counter() - started))
+                samples = onpolicy_group(target, [s.messages for s in group], params, chat, aux_layers)
+                tokens_done += sum(len(s.input_ids) for s in samples)
+                progress.update(task, advance=len(group), tok_s=tokens_done / (time.perf_counter() - started))
+            else:
+                samples = [None] * len(group)
+                rendered = [s.rendered for s in group]
+                for batch in token_batches([len(r.input_ids) for r in rendered], params.extract.batch_tokens):
+                    captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
+                    for i, sample in zip(batch, captured, strict=True):
+                        samples[i] = sample
+                    tokens_done += sum(len(rendered[i].input_ids) for i in batch)
+                    progress.update(
+                        task, advance=len(batch), tok_s=tokens_done / (time.perf_counter() - started)
+                    )
             shards.append(write_shard(out_dir, index, samples))
             write_journal(out_dir, key, shards)
 

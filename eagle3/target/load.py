@@ -164,3 +164,17 @@ def load_target(params: TargetParams) -> Target:
     model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return Target(model=model, tokenizer=tokenizer, path=path, source=params.source)
+
+
+def eos_token_ids(target: Target) -> frozenset[int]:
+    """Every id that ends an answer: the generation config's EOS ids and the tokenizer's."""
+    ids: set[int] = set()
+    for source in (
+        target.model.generation_config.eos_token_id,
+        getattr(target.tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
