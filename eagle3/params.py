@@ -85,6 +85,15 @@ class TrainParams(Section):
     # target = start the drafter's lm_head and final norm from the target's (the K draft rows):
     # the drafter then only has to learn to produce target-like final states. random = N(0, 0.02).
     head_init: Literal["target", "random"] = "target"
+    # false = keep that target lm_head and final norm frozen (EAGLE-1/2 style): on ~100K tokens a
+    # trainable K x H head overfits. Needs head_init: target.
+    head_trainable: bool = True
+    # Drafter MLP width; null = the target's intermediate_size (exported in config.json).
+    intermediate_size: int | None = Field(default=None, ge=1)
+    # EAGLE-3.1: an RMSNorm on each captured aux layer before fc, and the drafter's normed output
+    # fed to the next TTT / draft step instead of the pre-norm residual stream.
+    fc_norm: bool = False
+    norm_output: bool = False
     epochs: int = Field(default=4, ge=1)
     # Sequences are packed/cut to this many tokens per micro-batch row.
     seq_len: int = Field(default=512, ge=16)
@@ -103,6 +112,16 @@ class TrainParams(Section):
     # Refuse to start when the estimated peak memory exceeds this (GiB).
     max_memory_gib: float = Field(default=16.0, gt=0)
 
+    @model_validator(mode="after")
+    def _frozen_head_needs_target_init(self) -> TrainParams:
+        if not self.head_trainable and self.head_init != "target":
+            raise ValueError(
+                f"head_trainable: false freezes the target's lm_head, so it needs head_init: target "
+                f"(got head_init: {self.head_init}); set train.head_init: target "
+                "or train.head_trainable: true"
+            )
+        return self
+
 
 class EvalParams(Section):
     backend: Literal["hf", "sglang"] = "hf"
@@ -110,6 +129,9 @@ class EvalParams(Section):
     prompts_file: str | None = None
     # 8 x 128 tokens, decoded three ways, is ~5 min of the 20-minute default pipeline on 2 cores.
     num_prompts: int = Field(default=8, ge=1)
+    # Prompts are taken round-robin over the file's categories (MT-bench: 8 x 10 questions);
+    # null = all categories, else only these (checked against the file before any model loads).
+    categories: list[str] | None = Field(default=None, min_length=1)
     max_new_tokens: int = Field(default=128, ge=1)
     # chain by default: on an AVX2 CPU verifying n tokens costs ~1.7x (n=3) to 2.3x (n=17) a
     # one-token step, so wide trees only pay off with a strong drafter (see eagle3/spec).

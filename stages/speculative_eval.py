@@ -11,9 +11,9 @@ from eagle3.device import resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config
 from eagle3.packed import pack_linears
 from eagle3.spec.engine import SpecEngine
-from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize
+from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize, summarize_spread
 from eagle3.spec.prompts import load_prompts, render_prompt
-from eagle3.spec.report import write_acceptance_plot
+from eagle3.spec.report import category_table, interval_line, write_acceptance_plot
 from eagle3.stageio import write_json, write_metrics
 from eagle3.target.load import has_chat_template, load_target
 from eagle3.tracking import pipeline_run
@@ -31,7 +31,7 @@ def main() -> None:
         # Everything checkable without the model first: bad input fails in milliseconds.
         if ev.backend != "hf":
             raise ValueError(f"eval.backend: '{ev.backend}' is not available in this build (allowed: hf)")
-        prompts = load_prompts(ev.prompts_file, ev.num_prompts)
+        prompts = load_prompts(ev.prompts_file, ev.num_prompts, ev.categories)
         if not (DRAFTER / "config.json").exists():
             raise FileNotFoundError(f"{DRAFTER} holds no exported drafter: run the train stage first")
         drafter_cfg = load_drafter_config(DRAFTER)
@@ -48,8 +48,16 @@ def main() -> None:
             pack_linears(target.model)
             pack_linears(drafter)
         engine = SpecEngine(
-            target.model, drafter, target.decoder_layers, target.final_norm, mode=ev.mode, k=ev.k,
-            topk=ev.topk, tree_budget=ev.tree_budget, temperature=ev.temperature, seed=ev.seed,
+            target.model,
+            drafter,
+            target.decoder_layers,
+            target.final_norm,
+            mode=ev.mode,
+            k=ev.k,
+            topk=ev.topk,
+            tree_budget=ev.tree_budget,
+            temperature=ev.temperature,
+            seed=ev.seed,
         )
         if ev.k > params.train.ttt_length:
             console.print(
@@ -64,12 +72,18 @@ def main() -> None:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("speculative-eval", total=len(batch))
             run = run_comparison(
-                engine, batch, ev.max_new_tokens, eos,
+                engine,
+                batch,
+                ev.max_new_tokens,
+                eos,
                 prompt_lookup_tokens=ev.prompt_lookup_tokens if ev.prompt_lookup else None,
-                check=greedy, on_prompt=lambda _: progress.advance(task),
+                check=greedy,
+                on_prompt=lambda _: progress.advance(task),
             )
-        metrics = summarize(run, ev.k, greedy)
-        write_json(OUT / "results.json", {"prompts": [r.as_dict() for r in run.results]})
+        categories = [p.category for p in prompts]
+        metrics = summarize(run, ev.k, greedy) | summarize_spread(run, categories, ev.k, ev.seed)
+        rows = [r.as_dict() | {"category": c} for r, c in zip(run.results, categories, strict=True)]
+        write_json(OUT / "results.json", {"prompts": rows})
         write_acceptance_plot(metrics["per_position_acceptance"], PLOT_CSV, PLOT_PNG)
         write_metrics("speculative-eval", metrics)
         with pipeline_run(params, "speculative-eval") as mlrun:
@@ -82,6 +96,8 @@ def main() -> None:
             f"{metrics['baseline_tokens_per_s']:.1f} plain: speedup {metrics['speedup']:.2f}x"
             + (f" (prompt lookup {metrics['prompt_lookup_speedup']:.2f}x)" if ev.prompt_lookup else "")
         )
+        console.print(category_table(metrics))
+        console.print(interval_line(metrics))
         if greedy:
             console.print(
                 f"greedy_match {metrics['greedy_match']:.2f}, {metrics['divergences']} divergence(s), "

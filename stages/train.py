@@ -24,7 +24,7 @@ from eagle3.target.load import load_target_config
 from eagle3.tracking import pipeline_run
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads
-from eagle3.train.loop import TrainInputs, check_memory, precision, train_drafter
+from eagle3.train.loop import TrainInputs, check_memory, drafter_config, precision, train_drafter
 from eagle3.vocab import MAPPING, load_mapping
 from stages.common import console, reported_failures, validated_params
 
@@ -81,7 +81,8 @@ def prepare(params: Params) -> TrainInputs:
     report_fp = read_json(REPORT)["fingerprint"]
     store = FeatureStore(FEATURES)
     d2t, t2d, meta = load_mapping(MAPPING_DIR)
-    cfg = DrafterConfig.from_target_config(load_target_config(params.target), len(d2t), store.aux_layers)
+    base = DrafterConfig.from_target_config(load_target_config(params.target), len(d2t), store.aux_layers)
+    cfg = drafter_config(base, params.train)  # train.intermediate_size, fc_norm, norm_output
     check_inputs(report_fp, store.fingerprint, store.aux_layers, meta, d2t, t2d, cfg)
     check_memory(cfg, params.train)
     store.verify()

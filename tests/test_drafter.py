@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -51,13 +52,14 @@ SGLANG_CONFIG_FIELDS = [
     "max_position_embeddings",
     "vocab_size",
     "draft_vocab_size",
-    "target_hidden_size",
     "tie_word_embeddings",
     "eagle_config",
+    "fc_norm",
+    "norm_output",
 ]
 
 
-def tiny_config(k: int = K) -> DrafterConfig:
+def tiny_config(k: int = K, **kw) -> DrafterConfig:
     return DrafterConfig(
         hidden_size=H,
         intermediate_size=128,
@@ -72,6 +74,7 @@ def tiny_config(k: int = K) -> DrafterConfig:
         draft_vocab_size=k,
         target_hidden_size=H,
         aux_layer_ids=[1, 3, 5],
+        **kw,
     )
 
 
@@ -83,10 +86,10 @@ def tiny_mapping(k: int = K) -> tuple[torch.Tensor, torch.Tensor]:
     return target_ids - torch.arange(k), t2d
 
 
-def tiny_drafter(seed: int = 0) -> tuple[Eagle3Drafter, torch.Tensor]:
+def tiny_drafter(seed: int = 0, **kw) -> tuple[Eagle3Drafter, torch.Tensor]:
     torch.manual_seed(seed)
     embed = torch.randn(V, H)
-    model = Eagle3Drafter(tiny_config(), embed)
+    model = Eagle3Drafter(tiny_config(**kw), embed)
     model.set_vocab_mapping(*tiny_mapping())
     return model, embed
 
@@ -98,8 +101,9 @@ def _sglang_name(key: str) -> tuple[str, str | None]:
     return (key if key == "lm_head.weight" else "model." + key), None
 
 
-def test_export_keys_and_shapes_match_sglang_loader(tmp_path):
-    model, _ = tiny_drafter()
+@pytest.mark.parametrize("eagle31", [False, True])
+def test_export_keys_and_shapes_match_sglang_loader(tmp_path, eagle31):
+    model, _ = tiny_drafter(fc_norm=eagle31, norm_output=eagle31)
     export_drafter(model, tmp_path)
     from safetensors import safe_open
 
@@ -108,21 +112,26 @@ def test_export_keys_and_shapes_match_sglang_loader(tmp_path):
     assert shapes.pop("d2t") == (K,) and shapes.pop("t2d") == (V,)
     assert not any(k.startswith("embed_tokens") for k in shapes)
     cfg = model.cfg
+    # SGLang's LlamaModel builds fc_norm = ModuleList of 3 RMSNorm(target_hidden_size) with config.fc_norm
+    params = SGLANG_PARAMS | (
+        {f"model.fc_norm.{i}.weight": lambda c: (c.target_hidden_size,) for i in range(3)} if eagle31 else {}
+    )
     covered: dict[str, int] = {}
     for key, shape in shapes.items():
         name, part = _sglang_name(key)
-        assert name in SGLANG_PARAMS, f"{key} maps to {name}, which SGLang does not have"
-        full = SGLANG_PARAMS[name](cfg)
+        assert name in params, f"{key} maps to {name}, which SGLang does not have"
+        full = params[name](cfg)
         if part is None:
             assert shape == full, key
         else:  # a shard of a fused parameter: same input width, rows add up below
             assert shape[1:] == full[1:], key
         covered[name] = covered.get(name, 0) + shape[0]
-    assert covered == {n: f(cfg)[0] for n, f in SGLANG_PARAMS.items()}
+    assert covered == {n: f(cfg)[0] for n, f in params.items()}
 
 
-def test_config_json_has_sglang_fields(tmp_path):
-    model, _ = tiny_drafter()
+@pytest.mark.parametrize("eagle31", [False, True])
+def test_config_json_has_sglang_fields(tmp_path, eagle31):
+    model, _ = tiny_drafter(fc_norm=eagle31, norm_output=eagle31)
     export_drafter(model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     for field in SGLANG_CONFIG_FIELDS:
@@ -131,11 +140,33 @@ def test_config_json_has_sglang_fields(tmp_path):
     assert config["num_hidden_layers"] == 1 and config["tie_word_embeddings"] is False
     assert config["draft_vocab_size"] == K and config["vocab_size"] == V
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+    assert config["fc_norm"] is eagle31 and config["norm_output"] is eagle31
+    # equal to hidden_size: left out, else the EAGLE reference keeps a random embedding
+    assert "target_hidden_size" not in config
     assert DrafterConfig.from_hf_dict(config) == model.cfg
 
 
-def test_round_trip_gives_identical_logits(tmp_path):
-    model, embed = tiny_drafter()
+def _chain_logits(
+    model: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
+    """Prefill then `steps` one-token draft steps, each fed the previous output (the engine's chain)."""
+    t = ids.shape[1] - steps
+    cache = DrafterCache()
+    hidden = model(ids[:, :t], model.project(aux[:, :t]), torch.arange(t)[None], cache)[:, -1:]
+    out = [model.logits(hidden)]
+    for i in range(steps):
+        hidden = model(ids[:, t + i : t + i + 1], hidden, torch.tensor([[t + i]]), cache)
+        out.append(model.logits(hidden))
+    return out
+
+
+@pytest.mark.parametrize("eagle31", [False, True])
+def test_round_trip_gives_identical_logits(tmp_path, eagle31):
+    model, embed = tiny_drafter(fc_norm=eagle31, norm_output=eagle31)
+    if eagle31:  # non-trivial norm scales, so a dropped fc_norm would show
+        with torch.no_grad():
+            for norm in model.fc_norm:
+                norm.weight.uniform_(0.5, 1.5)
     model.to(torch.bfloat16)
     export_drafter(model, tmp_path)
     loaded = load_drafter(tmp_path, embed, dtype=torch.bfloat16)
@@ -145,7 +176,12 @@ def test_round_trip_gives_identical_logits(tmp_path):
     with torch.no_grad():
         a = model.logits(model(ids, model.project(aux), pos))
         b = loaded.logits(loaded(ids, loaded.project(aux), pos))
-    assert torch.equal(a, b)
+        assert torch.equal(a, b)
+        chain_a, chain_b = (
+            _chain_logits(model, ids[:1], aux[:1], 3),
+            _chain_logits(loaded, ids[:1], aux[:1], 3),
+        )
+    assert all(torch.equal(x, y) for x, y in zip(chain_a, chain_b, strict=True))
     assert torch.equal(loaded.d2t, model.d2t) and torch.equal(loaded.t2d, model.t2d)
     # deterministic bytes: exporting the loaded model again writes the same file
     export_drafter(loaded, tmp_path / "again")
@@ -201,3 +237,69 @@ def test_bad_mapping_rejected():
     bad[bad.nonzero()[0]] = False
     with pytest.raises(ValueError, match="inconsistent"):
         model.set_vocab_mapping(d2t, bad)
+
+
+def test_norm_output_feeds_the_normed_state_and_norms_once():
+    """norm_output: forward returns norm(stream) for the next step; logits are lm_head of it (one
+    norm), so the first draft equals EAGLE-3's and only what the next step is fed changes."""
+    plain, _ = tiny_drafter()
+    post = Eagle3Drafter(replace(plain.cfg, norm_output=True), plain.embed_tokens.weight)
+    post.load_state_dict(plain.state_dict())
+    plain.double(), post.double()
+    ids, pos = torch.randint(0, V, (1, 8)), torch.arange(8)[None]
+    hidden = plain.project(torch.randn(1, 8, 3 * H, dtype=torch.float64))
+    with torch.no_grad():
+        pre, normed = plain(ids, hidden, pos), post(ids, hidden, pos)
+        torch.testing.assert_close(normed, plain.norm(pre), rtol=0, atol=1e-12)
+        torch.testing.assert_close(post.logits(normed), plain.logits(pre), rtol=0, atol=1e-12)
+        assert not torch.allclose(post(ids, normed, pos + 1), plain.norm(plain(ids, pre, pos + 1)))
+
+
+def test_fc_norm_normalises_each_aux_layer_before_fc():
+    model, _ = tiny_drafter(fc_norm=True)
+    model.double()
+    with torch.no_grad():
+        for norm in model.fc_norm:
+            norm.weight.uniform_(0.5, 1.5)
+    aux = torch.randn(2, 5, 3 * H, dtype=torch.float64)
+    low, mid, high = aux.chunk(3, dim=-1)
+    # Llama's RMSNorm (HF, SGLang, ours) normalises in float32, also for float64 inputs
+    rms = lambda x: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).double()  # noqa: E731
+    w = [n.weight for n in model.fc_norm]
+    expected = model.fc(torch.cat([w[0] * rms(low), w[1] * rms(mid), w[2] * rms(high)], dim=-1))
+    with torch.no_grad():
+        torch.testing.assert_close(model.project(aux), expected, rtol=0, atol=1e-12)
+        # each layer's scale no longer matters (the point of fc_norm): scale one layer by 100
+        scaled = torch.cat([low * 100, mid, high], dim=-1)
+        torch.testing.assert_close(model.project(scaled), model.project(aux), rtol=0, atol=1e-4)  # eps
+        assert (model.fc(scaled) - model.fc(aux)).abs().max() > 1  # without fc_norm it does
+
+
+def test_intermediate_size_sets_the_mlp_width_and_is_exported(tmp_path):
+    from transformers import LlamaConfig  # noqa: PLC0415
+
+    target = LlamaConfig(hidden_size=H, intermediate_size=256, num_attention_heads=4, vocab_size=V)
+    assert DrafterConfig.from_target_config(target, K, [1, 3, 5]).intermediate_size == 256
+    cfg = DrafterConfig.from_target_config(target, K, [1, 3, 5], intermediate_size=80)
+    model = Eagle3Drafter(cfg, torch.randn(V, H))
+    assert model.midlayer.mlp.gate_proj.weight.shape == (80, H)
+    export_drafter(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["intermediate_size"] == 80
+
+
+@pytest.mark.parametrize("setting", [dict(mode="chain", k=4), dict(mode="tree", k=3, topk=2, tree_budget=6)])
+def test_eagle31_drafter_runs_in_the_unchanged_engine(setting):
+    """The engine only calls forward / logits / project, so a 3.1 drafter decodes losslessly as is."""
+    from test_spec_fixtures import EOS, engine, prompts, random_drafter, tiny_target  # noqa: PLC0415
+
+    from eagle3.spec.engine import greedy_decode  # noqa: PLC0415
+
+    target = tiny_target(seed=3)
+    base = random_drafter(target, draft_vocab=64)
+    drafter = Eagle3Drafter(
+        replace(base.cfg, fc_norm=True, norm_output=True), target.get_input_embeddings().weight
+    )
+    drafter.set_vocab_mapping(base.d2t, base.t2d)
+    spec = engine(target, drafter.double().eval().requires_grad_(False), **setting)
+    for p in prompts(2, seed=4):
+        assert spec.generate(p, 20, EOS).tokens == greedy_decode(target, p, 20, EOS).tokens

@@ -11,15 +11,16 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
-from eagle3.drafter import DrafterConfig, TTTCache, load_drafter
+from eagle3.drafter import DrafterConfig, TTTCache, export_drafter, load_drafter
 from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
-from eagle3.params import TrainParams
+from eagle3.params import ParamsError, TrainParams, parse_params
 from eagle3.stageio import write_json
 from eagle3.train.checks import check_inputs
 from eagle3.train.data import BatchSource, split_samples
@@ -135,12 +136,15 @@ def test_ttt_attention_fast_path_equals_reference_with_gradients():
         torch.testing.assert_close(gf, gr, rtol=0, atol=1e-12)
 
 
-def test_ttt_step_matches_inference_with_a_cache():
-    """Step k of the TTT unroll at position t equals drafting k tokens after the prefix 0..t."""
+@pytest.mark.parametrize("eagle31", [False, True])
+def test_ttt_step_matches_inference_with_a_cache(eagle31):
+    """Step k of the TTT unroll at position t equals drafting k tokens after the prefix 0..t
+    (with norm_output both feed the normed state: the engine needs no change)."""
     from eagle3.drafter import DrafterCache, Eagle3Drafter  # noqa: PLC0415
 
     torch.manual_seed(0)
-    model = Eagle3Drafter(tiny_cfg(), torch.randn(V, H)).double()
+    cfg = replace(tiny_cfg(), fc_norm=eagle31, norm_output=eagle31)
+    model = Eagle3Drafter(cfg, torch.randn(V, H)).double()
     t_len, steps = 8, 3
     ids = torch.randint(0, model.cfg.vocab_size, (1, t_len + steps))
     hidden0 = model.project(torch.randn(1, t_len, 3 * model.cfg.target_hidden_size, dtype=torch.float64))
@@ -190,6 +194,55 @@ def test_training_learns_and_reports(tmp_path):
     assert last["loss"] < first["loss"]
     assert len(out.metrics["heldout"]["acc"]) == 3 and 1.0 <= out.metrics["acceptance_length"] <= 4.0
     assert out.metrics["steps"] == len(out.curve)
+
+
+def test_eagle31_trains_exports_and_reloads(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    out = train_drafter(tiny_params(epochs=2, fc_norm=True, norm_output=True), inputs, progress=False)
+    drafter = out.drafter
+    assert drafter.cfg.fc_norm and drafter.cfg.norm_output
+    assert out.curve[-1]["loss"] < out.curve[0]["loss"]
+    # the per-layer norms were trained (they start at ones)
+    assert all(not torch.equal(n.weight, torch.ones(H)) for n in drafter.fc_norm)
+    export_drafter(drafter, tmp_path / "drafter", dtype=torch.float32)
+    config = json.loads((tmp_path / "drafter/config.json").read_text())
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    loaded = load_drafter(tmp_path / "drafter", inputs.embed, dtype=torch.float32)
+    batch = inputs.store.sample(0)
+    ids = batch["input_ids"].long()[None, :16]
+    aux = batch["aux_hidden"].float()[None, :16]
+    pos = torch.arange(16)[None]
+    with torch.no_grad():
+        first = drafter.logits(drafter(ids, drafter.project(aux), pos))
+        again = loaded.logits(loaded(ids, loaded.project(aux), pos))
+    assert torch.equal(first, again)
+
+
+def test_intermediate_size_param_sets_the_drafter_mlp(tmp_path):
+    out = train_drafter(
+        tiny_params(epochs=1, intermediate_size=24), tiny_inputs(tmp_path / "f"), progress=False
+    )
+    assert out.drafter.cfg.intermediate_size == 24
+    assert out.drafter.midlayer.mlp.down_proj.weight.shape == (H, 24)
+
+
+def test_frozen_head_stays_the_target_head_and_is_not_optimised(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    out = train_drafter(tiny_params(epochs=2, head_trainable=False), inputs, tmp_path / "ck", progress=False)
+    drafter = out.drafter
+    rows = inputs.head[torch.arange(K) + inputs.d2t]
+    assert torch.equal(drafter.lm_head.weight, rows) and torch.equal(drafter.norm.weight, inputs.final_norm)
+    assert not drafter.lm_head.weight.requires_grad and not drafter.norm.weight.requires_grad
+    assert out.curve[-1]["loss"] < out.curve[0]["loss"]  # the rest still learns
+    state = torch.load(tmp_path / "ck/last.pt", weights_only=False)
+    trainable = {n for n, q in drafter.named_parameters() if q.requires_grad}
+    assert not trainable & {"lm_head.weight", "norm.weight", "embed_tokens.weight"}
+    assert len(state["optimizer"]["param_groups"][0]["params"]) == len(trainable)
+
+
+def test_frozen_head_needs_target_init():
+    with pytest.raises(ParamsError, match=r"train.head_init: target or train.head_trainable: true"):
+        parse_params({"train": {"head_trainable": False, "head_init": "random"}})
 
 
 @pytest.mark.parametrize("head_init", ["target", "random"])
@@ -316,7 +369,6 @@ def test_mapping_from_another_tokenizer_is_refused(tmp_path):
 
 
 def test_export_agrees_with_vocab_map_and_reloads(tmp_path):
-    from eagle3.drafter import export_drafter  # noqa: PLC0415
     from eagle3.vocab import build_vocab_map, load_mapping, save_vocab_map  # noqa: PLC0415
 
     counts = torch.randint(0, 50, (V,)).numpy()

@@ -1,9 +1,11 @@
 """The drafter's hyper-parameters, mirrored 1:1 by the exported config.json.
 
-Sizes come from the target (hidden, heads, MLP width, RoPE), so the drafter's embedding can
-be the target's own and SGLang can share it. The exported dict is a Llama config with the
-EAGLE-3 extras SGLang's `LlamaForCausalLMEagle3` reads: `draft_vocab_size`,
-`target_hidden_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`.
+Sizes come from the target (hidden, heads, RoPE; the MLP width too unless train.intermediate_size
+says otherwise), so the drafter's embedding can be the target's own and the serving engine can
+share it. The exported dict is a Llama config with the EAGLE-3 extras SGLang's
+`LlamaForCausalLMEagle3` reads: `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`,
+`target_hidden_size` (only when it differs from hidden_size, see `to_hf_dict`) and the EAGLE-3.1
+switches `fc_norm` / `norm_output`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class DrafterConfig:
     target_hidden_size: int
     # 0-indexed decoder layer ids whose outputs feed fc (SGLang eagle_aux_hidden_state_layer_ids).
     aux_layer_ids: list[int] = field(default_factory=list)
+    # EAGLE-3.1: an RMSNorm per aux layer before fc, and the normed output fed to the next step.
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
@@ -49,15 +54,22 @@ class DrafterConfig:
 
     @classmethod
     def from_target_config(
-        cls, target_hf_config: Any, draft_vocab_size: int, aux_layer_ids: list[int]
+        cls,
+        target_hf_config: Any,
+        draft_vocab_size: int,
+        aux_layer_ids: list[int],
+        intermediate_size: int | None = None,
+        fc_norm: bool = False,
+        norm_output: bool = False,
     ) -> DrafterConfig:
-        """Sizes taken from the target's HF config (LlamaConfig-like, transformers 4 or 5)."""
+        """Sizes taken from the target's HF config (LlamaConfig-like, transformers 4 or 5);
+        `intermediate_size` None = the target's MLP width."""
         c = target_hf_config
         c = getattr(c, "text_config", None) or c  # multimodal wrappers keep the LM under text_config
         heads = c.num_attention_heads
         return cls(
             hidden_size=c.hidden_size,
-            intermediate_size=c.intermediate_size,
+            intermediate_size=intermediate_size or c.intermediate_size,
             num_attention_heads=heads,
             num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
             head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
@@ -69,11 +81,19 @@ class DrafterConfig:
             draft_vocab_size=min(draft_vocab_size, c.vocab_size),
             target_hidden_size=c.hidden_size,
             aux_layer_ids=list(aux_layer_ids),
+            fc_norm=fc_norm,
+            norm_output=norm_output,
         )
 
+    @property
+    def owns_embedding(self) -> bool:
+        """True when the drafter is narrower/wider than the target: it cannot share the target's
+        embedding, so its own is exported (every loader then reads it from the file)."""
+        return self.target_hidden_size != self.hidden_size
+
     def to_hf_dict(self) -> dict[str, Any]:
-        """The config.json SGLang loads (a LlamaConfig plus the EAGLE-3 fields)."""
-        return {
+        """The config.json SGLang, vLLM and the EAGLE reference load (LlamaConfig + EAGLE-3 fields)."""
+        d = {
             "architectures": [ARCHITECTURE],
             "model_type": "llama",
             "hidden_size": self.hidden_size,
@@ -90,14 +110,28 @@ class DrafterConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size,
             "draft_vocab_size": self.draft_vocab_size,
-            "target_hidden_size": self.target_hidden_size,
             "attention_bias": False,
             "mlp_bias": False,
             # SGLang reuses the embedding as lm_head when true; ours is a separate K-row head.
             "tie_word_embeddings": False,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)},
+            # EAGLE-3.1: top-level keys, read with getattr(config, "fc_norm" / "norm_output", False)
+            # by SGLang python/sglang/srt/models/llama_eagle3.py and vLLM
+            # vllm/model_executor/models/llama_eagle3.py (vllm-project/vllm#42764), and by SpecForge
+            # specforge/modeling/draft/llama3_eagle.py and speculators
+            # src/speculators/models/eagle3/config.py. Always written: SpecForge's norm_output
+            # defaults to true when absent.
+            "fc_norm": self.fc_norm,
+            "norm_output": self.norm_output,
             "torch_dtype": "bfloat16",
         }
+        # The EAGLE reference (SafeAILab/EAGLE eagle/model/cnets.py, Model.__init__) copies the
+        # target's embedding only when config.json has no target_hidden_size; SGLang and vLLM
+        # default it to hidden_size. So it is written only when it differs (and then the
+        # drafter's own embedding ships in model.safetensors, see export.py).
+        if self.owns_embedding:
+            d["target_hidden_size"] = self.target_hidden_size
+        return d
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> DrafterConfig:
@@ -123,8 +157,11 @@ class DrafterConfig:
             hidden_act=d.get("hidden_act", "silu"),
             vocab_size=d["vocab_size"],
             draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
+            # missing in our exports when equal to hidden_size (and in old EAGLE-3 exports)
             target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
             aux_layer_ids=list(aux),
+            fc_norm=bool(d.get("fc_norm", False)),
+            norm_output=bool(d.get("norm_output", False)),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -2,8 +2,16 @@
 
 `artifacts/train/drafter/` = config.json (see DrafterConfig.to_hf_dict) + model.safetensors
 with the keys SGLang's `LlamaForCausalLMEagle3.load_weights` maps: fc.weight, midlayer.*,
-norm.weight, lm_head.weight, d2t, t2d. The embedding is the target's and is not exported
-(SGLang shares the target's embedding with the draft model).
+norm.weight, lm_head.weight, d2t, t2d, and fc_norm.{0,1,2}.weight with EAGLE-3.1's fc_norm.
+Names carry no "model." prefix: vLLM's loader adds it to every name but lm_head/d2t/t2d.
+
+The embedding: a drafter as wide as the target uses the target's, so it is not exported and
+config.json has no target_hidden_size; then SGLang (set_embed), vLLM (no embed_tokens in the
+file -> has_own_embed_tokens false -> shares) and the EAGLE reference (copies the target's
+when target_hidden_size is absent) all use the target's. A drafter of another width cannot;
+it exports its own `embed_tokens.weight` and writes target_hidden_size, and all three read the
+file's (SGLang's set_embed skips a differing target_hidden_size, vLLM keeps an own embedding,
+EAGLE loads it with its state dict). tests/test_export_loaders.py checks each rule.
 """
 
 from __future__ import annotations
@@ -22,14 +30,15 @@ from eagle3.drafter.model import Eagle3Drafter
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-NOT_EXPORTED = ("embed_tokens.",)
+EMBED = "embed_tokens.weight"
 
 
 def export_state_dict(model: Eagle3Drafter, dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
-    """The exported tensors: weights in `dtype`, d2t int64, t2d bool; no embedding."""
+    """The exported tensors: weights in `dtype`, d2t int64, t2d bool; the embedding only when
+    the drafter owns one (see the module doc)."""
     out = {}
     for name, tensor in model.state_dict().items():
-        if name.startswith(NOT_EXPORTED):
+        if name == EMBED and not model.cfg.owns_embedding:
             continue
         if name in ("d2t", "t2d"):
             out[name] = tensor.detach().cpu().contiguous()
@@ -65,14 +74,16 @@ def load_drafter_config(path: str | Path) -> DrafterConfig:
 
 
 def load_drafter(
-    path: str | Path, embed_weight: Tensor, dtype: torch.dtype = torch.bfloat16
+    path: str | Path, embed_weight: Tensor | None, dtype: torch.dtype = torch.bfloat16
 ) -> Eagle3Drafter:
-    """Read an exported drafter back; `embed_weight` is the target's input embedding [V, H]."""
+    """Read an exported drafter back; `embed_weight` is the target's input embedding [V, H]
+    (ignored, and may be None, when the drafter ships its own)."""
     path = Path(path)
     cfg = load_drafter_config(path)
     tensors = load_file(str(path / WEIGHTS))
-    model = Eagle3Drafter(cfg, embed_weight=embed_weight.to(dtype))
-    expected = set(export_state_dict(model))
+    embed = _embedding(path, cfg, tensors, embed_weight)
+    model = Eagle3Drafter(cfg, embed_weight=embed.to(dtype))
+    expected = set(export_state_dict(model)) - {EMBED}
     missing, unexpected = expected - set(tensors), set(tensors) - expected
     if missing or unexpected:
         raise ValueError(
@@ -80,11 +91,25 @@ def load_drafter(
             f"(missing {sorted(missing)}, unexpected {sorted(unexpected)})"
         )
     model.to(dtype)
-    model.embed_tokens.weight.data = embed_weight.to(dtype)  # keep sharing the caller's tensor
+    model.embed_tokens.weight.data = embed.to(dtype)  # keep sharing the caller's tensor
     state = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
     model.load_state_dict(state, strict=False)
     model.set_vocab_mapping(tensors["d2t"], tensors["t2d"])
     return model.eval().requires_grad_(False)
+
+
+def _embedding(path: Path, cfg: DrafterConfig, tensors: dict[str, Tensor], target: Tensor | None) -> Tensor:
+    """The drafter's own embedding (popped from `tensors`) when it has one, else the target's."""
+    if cfg.owns_embedding:
+        if EMBED not in tensors:
+            raise ValueError(
+                f"{path}: target_hidden_size ({cfg.target_hidden_size}) differs from hidden_size "
+                f"({cfg.hidden_size}) but {WEIGHTS} has no {EMBED}"
+            )
+        return tensors.pop(EMBED)
+    if target is None:
+        raise ValueError(f"{path} ships no {EMBED}: pass the target's input embedding")
+    return target
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -4,7 +4,10 @@ One decoder layer (`midlayer`) whose attention reads concat(input_layernorm(embe
 hidden_norm(hidden)) -- 2H wide -- plus `fc` (3H -> H) that fuses the target's three aux
 hidden states, a final `norm` and an `lm_head` over the draft vocabulary (K rows). The
 residual stream is the incoming hidden state (not the embedding), as in SGLang; `forward`
-returns the stream before the final norm, which is what the next draft step is fed.
+returns what the next draft step is fed: the stream before the final norm (EAGLE-3), or after it
+with `norm_output` (EAGLE-3.1), and `logits` applies whatever is left (norm + lm_head, or
+lm_head). With `fc_norm` (EAGLE-3.1) each of the three aux states is RMS-normed before `fc`.
+Both follow SGLang/vLLM `llama_eagle3.py` (see config.py), so callers need not know either flag.
 """
 
 from __future__ import annotations
@@ -205,6 +208,12 @@ class Eagle3Drafter(nn.Module):
             # shares the target's storage when dtypes agree (no copy for a 1B-param embedding)
             self.embed_tokens.weight = nn.Parameter(embed_weight.detach(), requires_grad=False)
         self.embed_tokens.weight.requires_grad_(False)
+        # weights fc_norm.{0,1,2}.weight: the names SGLang/vLLM llama_eagle3.py and SpecForge load
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in cfg.aux_layer_ids)
+            if cfg.fc_norm
+            else None
+        )
         self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -237,8 +246,13 @@ class Eagle3Drafter(nn.Module):
         self.t2d.copy_(t2d.bool())
 
     def project(self, aux_hidden: Tensor) -> Tensor:
-        """[B, T, 3H] target aux states -> [B, T, H]."""
-        return self.fc(aux_hidden.to(self.fc.weight.dtype) if not torch.is_autocast_enabled() else aux_hidden)
+        """[B, T, 3H] target aux states -> [B, T, H] (per-layer RMSNorm first with fc_norm)."""
+        if not torch.is_autocast_enabled():
+            aux_hidden = aux_hidden.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
+            aux_hidden = torch.cat([norm(x) for norm, x in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(aux_hidden)
 
     def forward(
         self,
@@ -248,15 +262,17 @@ class Eagle3Drafter(nn.Module):
         cache: DrafterCache | None = None,
         attn_mask: Tensor | None = None,
     ) -> Tensor:
-        """One decoder-layer pass; returns the new hidden [B, T, H] before the final norm."""
+        """One decoder-layer pass; returns the new hidden [B, T, H] that the next step is fed:
+        before the final norm, or after it with norm_output."""
         embeds = self.embed_tokens(input_ids)
         if not torch.is_autocast_enabled():
             embeds = embeds.to(hidden.dtype)
-        return self.midlayer(embeds, hidden, position_ids, cache, attn_mask)
+        out = self.midlayer(embeds, hidden, position_ids, cache, attn_mask)
+        return self.norm(out) if self.cfg.norm_output else out
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """lm_head(norm(hidden)) -> [B, T, K] over the draft vocabulary."""
-        return self.lm_head(self.norm(hidden))
+        """[B, T, K] over the draft vocabulary from a `forward` output (normed once either way)."""
+        return self.lm_head(hidden if self.cfg.norm_output else self.norm(hidden))
 
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         return draft_ids + self.d2t[draft_ids]

