@@ -13,6 +13,7 @@ from eagle3.data.extract import extract_features
 from eagle3.data.render import render_conversation
 from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore
 from eagle3.params import parse_params
+from eagle3.target.load import eos_token_ids
 from eagle3.target.patch_check import fingerprint
 
 AUX = [1, 14, 26]
@@ -145,17 +146,20 @@ def test_corrupted_shard_is_detected(uninterrupted, tmp_path):
 def test_self_distillation_features_come_from_the_generation_itself(smollm2, fp, tmp_path):
     """On-policy data: the target's greedy answer, and features equal to a separate full forward
     over the same tokens (bf16 rounding); the loss mask covers exactly the generated answer."""
-    params = tiny_params(num_samples=3, regenerate=True, regenerate_max_new_tokens=12, max_length=200)
-    params = params.model_copy(  # one shard, one batch: the prompts are left-padded against each other
+    # max_length 80 cuts the longer prompts' answers short: rows finish at different steps
+    params = tiny_params(
+        num_samples=5, regenerate=True, regenerate_max_new_tokens=12, max_length=80, min_assistant_tokens=1
+    )
+    params = params.model_copy(  # one shard, 2 rows in flight: prompts join as earlier answers finish
         update={
-            "data": params.data.model_copy(update={"regenerate_batch_size": 3}),
-            "extract": params.extract.model_copy(update={"shard_samples": 3}),
+            "data": params.data.model_copy(update={"regenerate_batch_size": 2}),
+            "extract": params.extract.model_copy(update={"shard_samples": 5}),
         }
     )
     extract_features(smollm2, params, AUX, fp, tmp_path)
     store = FeatureStore(tmp_path)
-    assert len(store) == 3
-    prompt_lengths = set()
+    assert len(store) == 5
+    prompt_lengths, lengths = set(), set()
     for i in range(len(store)):
         sample = store.sample(i)
         ids, mask = sample["input_ids"].long(), sample["loss_mask"].bool()
@@ -165,16 +169,19 @@ def test_self_distillation_features_come_from_the_generation_itself(smollm2, fp,
         with torch.no_grad():
             greedy = smollm2.model.generate(ids[None, :prompt], max_new_tokens=12, do_sample=False)
             ref = smollm2.model(ids[None], output_hidden_states=True).hidden_states
-        answer = greedy[0, prompt:]
-        # fed answer tokens = the greedy answer minus its last token (whose prediction is stored)
-        assert ids[prompt:].tolist() == answer[: len(ids) - prompt].tolist()
-        assert len(answer) == len(ids) - prompt + 1
+        answer = greedy[0, prompt:].tolist()
+        # fed answer tokens = the greedy answer minus its last token (whose prediction is stored),
+        # cut at the end-of-turn token or where the sequence reaches max_length
+        ends = [j for j, token in enumerate(answer) if token in eos_token_ids(smollm2)]
+        fed = min([min(12, 80 - prompt + 1) - 1] + ends)
+        assert ids[prompt:].tolist() == answer[:fed]
+        lengths.add(fed)
         for got, want in (
             (sample["last_hidden"], ref[-1][0]),
             (sample["aux_hidden"], torch.cat([ref[i + 1][0] for i in AUX], dim=-1)),
         ):
             torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), rtol=2**-6, atol=2e-2)
-    assert len(prompt_lengths) > 1  # the batch really mixed prompt lengths (left padding exercised)
+    assert len(prompt_lengths) > 1 and len(lengths) > 1  # mixed prompt and answer lengths in flight
     again = tmp_path / "again"
     extract_features(smollm2, params, AUX, fp, again)
     shard = "shard-00000.safetensors"

@@ -101,31 +101,29 @@ def onpolicy_group(
     """Self-distil a shard's conversations: the target answers each first exchange and the
     features come from that same generation (eagle3/data/onpolicy.py), returned in order.
 
-    Prompts of similar length share a batch: every row's prefill is left-padded to the
-    longest prompt of its batch.
+    Prompts join the running batch shortest first, so rows that prefill together are of
+    similar length (every row is left-padded to the longest in the cache).
     """
     data = params.data
     prompts = [prompt_ids(target.tokenizer, m, chat) for m in group]
     order = sorted(range(len(group)), key=lambda i: (len(prompts[i]), i))
-    eos = eos_token_ids(target)
+    outputs = generate_with_features(
+        target,
+        [prompts[i] for i in order],
+        data.regenerate_max_new_tokens,
+        data.max_length,
+        aux_layers,
+        eos_token_ids(target),
+        batch_size=data.regenerate_batch_size,
+    )
     samples: list[Sample | None] = [None] * len(group)
-    for lo in range(0, len(order), data.regenerate_batch_size):
-        batch = order[lo : lo + data.regenerate_batch_size]
-        outputs = generate_with_features(
-            target,
-            [prompts[i] for i in batch],
-            data.regenerate_max_new_tokens,
-            data.max_length,
-            aux_layers,
-            eos,
+    for i, (rendered, aux, last) in zip(order, outputs, strict=True):
+        samples[i] = Sample(
+            input_ids=torch.from_numpy(rendered.input_ids),
+            loss_mask=torch.from_numpy(rendered.loss_mask),
+            aux_hidden=aux,
+            last_hidden=last,
         )
-        for i, (rendered, aux, last) in zip(batch, outputs, strict=True):
-            samples[i] = Sample(
-                input_ids=torch.from_numpy(rendered.input_ids),
-                loss_mask=torch.from_numpy(rendered.loss_mask),
-                aux_hidden=aux,
-                last_hidden=last,
-            )
     return samples
 
 

@@ -8,22 +8,106 @@ A row's stored sequence is every token the target was fed: the prompt, then its 
 position t's `last_hidden` predicts token t+1 exactly as in a full forward, and the answer's
 final token (often the end-of-turn marker) is still a training target.
 
-Rows are left-padded within a batch (prompts of similar length batched together) and leave the
-batch as soon as they finish, so a long answer never makes the short ones pay for its steps.
+Batching is continuous: up to `batch_size` rows decode together, each left-padded in one KV
+cache. Answers end at different steps, and a batch left to drain would spend its last steps
+on a few rows at nearly the cost of a full one; so once half the rows have finished, they
+leave and the next prompts join (one prefill for the newcomers, caches merged by left
+padding). The caller's prompt order decides who joins when: same prompts, same bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import DynamicCache
 
 from eagle3.data.render import Rendered
-from eagle3.target.capture import capture_hidden_states
+from eagle3.target.capture import Captured, capture_hidden_states
 from eagle3.target.load import Target
+
+
+@dataclass
+class _Answer:
+    """One prompt's generation: its prompt features, answer tokens and answer features."""
+
+    prompt: np.ndarray
+    budget: int  # answer tokens it may generate
+    prompt_aux: Tensor
+    prompt_last: Tensor
+    aux: Tensor  # bf16 [budget, 3H], rows 0..fed-1 filled
+    last: Tensor  # bf16 [budget, H]
+    tokens: list[int]
+    fed: int = 0
+
+
+@dataclass
+class _Batch:
+    """The rows decoding together: one KV cache, left-padded; `logits` are each row's next token's."""
+
+    cache: DynamicCache
+    mask: Tensor  # long [B, L]
+    next_pos: Tensor  # long [B]
+    logits: Tensor  # [B, V]
+    rows: list[int]  # prompt index of each row
+    done: Tensor  # bool [B]
+
+    def keep(self, keep: Tensor) -> None:
+        """Keep only rows `keep`, dropping cache columns that are padding for every kept row."""
+        mask = self.mask[keep]
+        first = int((mask.cumsum(-1) == 0).sum(-1).min()) if len(keep) else mask.shape[1]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[keep, :, first:]
+            layer.values = layer.values[keep, :, first:]
+        self.mask, self.next_pos, self.logits = mask[:, first:], self.next_pos[keep], self.logits[keep]
+        self.rows = [self.rows[i] for i in keep.tolist()]
+        self.done = self.done[keep]
+
+    def extend(self, other: _Batch) -> None:
+        """Append `other`'s rows, left-padding whichever cache is shorter."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def left_pad(x: Tensor, dim_from_end: int) -> Tensor:
+            missing = width - x.shape[-dim_from_end]
+            return F.pad(x, (0, 0) * (dim_from_end - 1) + (missing, 0)) if missing else x
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([left_pad(mine.keys, 2), left_pad(theirs.keys, 2)])
+            mine.values = torch.cat([left_pad(mine.values, 2), left_pad(theirs.values, 2)])
+        self.mask = torch.cat([left_pad(self.mask, 1), left_pad(other.mask, 1)])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.logits = torch.cat([self.logits, other.logits])
+        self.rows += other.rows
+        self.done = torch.cat([self.done, other.done])
+
+
+def _prefill(target: Target, captured: Captured, answers: list[_Answer], rows: list[int]) -> _Batch:
+    """Run the newcomers' prompts (left-padded) and keep their features and first logits."""
+    prompts = [answers[i].prompt for i in rows]
+    longest = max(len(p) for p in prompts)
+    pad = target.tokenizer.pad_token_id or 0
+    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for j, p in enumerate(prompts):
+        ids[j, longest - len(p) :] = torch.from_numpy(p.astype(np.int64))
+        mask[j, longest - len(p) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=target.model.config)
+    target.model.model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+    )
+    aux, last = captured.aux_hidden(), captured.last
+    for j, i in enumerate(rows):
+        n = len(prompts[j])
+        answers[i].prompt_aux = aux[j, longest - n :].to(torch.bfloat16)
+        answers[i].prompt_last = last[j, longest - n :].to(torch.bfloat16)
+    logits = target.model.get_output_embeddings()(last[:, -1])
+    done = torch.zeros(len(rows), dtype=torch.bool)
+    return _Batch(cache, mask, positions[:, -1] + 1, logits, list(rows), done)
 
 
 @torch.no_grad()
@@ -34,81 +118,83 @@ def generate_with_features(
     max_length: int,
     aux_layers: list[int],
     eos_ids: frozenset[int],
+    batch_size: int | None = None,
 ) -> list[tuple[Rendered, Tensor, Tensor]]:
-    """Greedy answers to `prompts` (token ids) in one batch, with their captured features.
+    """Greedy answers to `prompts` (token ids), with their captured features.
 
     Returns per prompt (tokens fed with loss_mask = 1 on the answer, aux_hidden bf16 [T, 3H],
     last_hidden bf16 [T, H]). An answer stops at an EOS id, after `max_new_tokens`, or when the
-    sequence reaches `max_length` stored tokens.
+    sequence reaches `max_length` stored tokens. `batch_size` rows at most decode together
+    (None: all prompts at once).
     """
-    model, h = target.model, target.hidden_size
+    h = target.hidden_size
     lengths = [len(p) for p in prompts]
     if min(lengths) < 1 or max(lengths) > max_length:
         raise ValueError(
             f"prompt lengths must be in 1..max_length ({max_length}), got {min(lengths)}..{max(lengths)}"
         )
-    b, longest = len(prompts), max(lengths)
-    pad = target.tokenizer.pad_token_id or 0
-    ids = torch.full((b, longest), pad, dtype=torch.long)
-    mask = torch.zeros((b, longest), dtype=torch.long)
-    for row, p in enumerate(prompts):
-        ids[row, longest - len(p) :] = torch.from_numpy(np.asarray(p, dtype=np.int64))
-        mask[row, longest - len(p) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    # answers may run to new = max_length - prompt + 1 tokens (the last one is not fed)
-    budget = [min(max_new_tokens, max_length - n + 1) for n in lengths]
-    steps = max(budget)
-    aux_out = torch.zeros((b, steps, 3 * h), dtype=torch.bfloat16)
-    last_out = torch.zeros((b, steps, h), dtype=torch.bfloat16)
-    answers: list[list[int]] = [[] for _ in range(b)]
-    fed = torch.zeros(b, dtype=torch.long)  # answer tokens fed back (rows of aux_out/last_out filled)
-
-    cache = DynamicCache(config=model.config)
-    head = model.get_output_embeddings()
+    size = batch_size or len(prompts)
+    answers = []
+    for p in prompts:
+        budget = min(max_new_tokens, max_length - len(p) + 1)  # the last answer token is not fed
+        empty_aux, empty_last = torch.empty(0, 3 * h), torch.empty(0, h)
+        aux, last = (
+            torch.empty(budget, 3 * h, dtype=torch.bfloat16),
+            torch.empty(budget, h, dtype=torch.bfloat16),
+        )
+        answers.append(_Answer(np.asarray(p, dtype=np.int32), budget, empty_aux, empty_last, aux, last, []))
+    waiting = list(range(len(prompts)))
+    head = target.model.get_output_embeddings()
     with capture_hidden_states(target.decoder_layers, target.final_norm, aux_layers) as captured:
-        model.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-        prompt_aux = captured.aux_hidden().to(torch.bfloat16)
-        prompt_last = captured.last.to(torch.bfloat16)
-        logits = head(captured.last[:, -1])
-        active = torch.arange(b)  # original row of each batch row
-        next_pos = positions[:, -1] + 1
+        batch: _Batch | None = None
         while True:
-            tokens = logits.argmax(-1)
-            keep = []
-            for j, row in enumerate(active.tolist()):
-                token = int(tokens[j])
-                answers[row].append(token)
-                if token not in eos_ids and len(answers[row]) < budget[row]:
-                    keep.append(j)
-            if not keep:
-                break
-            if len(keep) < len(active):
-                rows = torch.tensor(keep)
-                cache.batch_select_indices(rows)  # finished rows leave the batch
-                active, tokens, next_pos, mask = active[rows], tokens[rows], next_pos[rows], mask[rows]
-            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
-            model.model(
+            live = 0 if batch is None else int((~batch.done).sum())
+            if waiting and live <= size // 2:
+                joining, waiting = waiting[: size - live], waiting[size - live :]
+                newcomers = _prefill(target, captured, answers, joining)
+                if batch is None:
+                    batch = newcomers
+                else:
+                    batch.keep((~batch.done).nonzero().flatten())
+                    batch.extend(newcomers)
+            tokens = batch.logits.argmax(-1)
+            for j, i in enumerate(batch.rows):
+                if batch.done[j]:
+                    continue
+                answer = answers[i]
+                answer.tokens.append(int(tokens[j]))
+                if answer.tokens[-1] in eos_ids or len(answer.tokens) >= answer.budget:
+                    batch.done[j] = True
+            live_rows = (~batch.done).nonzero().flatten()
+            if len(live_rows) == 0:
+                if not waiting:
+                    break
+                continue
+            # finished rows ride along (their outputs are ignored) until the next refill
+            batch.mask = torch.cat([batch.mask, (~batch.done).long()[:, None]], dim=1)
+            target.model.model(
                 input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=next_pos[:, None],
-                cache=cache,
+                attention_mask=batch.mask,
+                position_ids=batch.next_pos[:, None],
+                cache=batch.cache,
                 use_cache=True,
             )
-            aux_out[active, fed[active]] = captured.aux_hidden()[:, 0].to(torch.bfloat16)
-            last_out[active, fed[active]] = captured.last[:, 0].to(torch.bfloat16)
-            fed[active] += 1
-            logits = head(captured.last[:, -1])
-            next_pos = next_pos + 1
+            aux, last = captured.aux_hidden()[:, 0].to(torch.bfloat16), captured.last[:, 0]
+            for j in live_rows.tolist():
+                answer = answers[batch.rows[j]]
+                answer.aux[answer.fed] = aux[j]
+                answer.last[answer.fed] = last[j].to(torch.bfloat16)
+                answer.fed += 1
+            batch.logits = head(last)
+            batch.next_pos = batch.next_pos + 1
 
     results = []
-    for row, prompt in enumerate(prompts):
-        n, k = lengths[row], int(fed[row])
-        tokens = np.concatenate(
-            [np.asarray(prompt, dtype=np.int32), np.asarray(answers[row][:k], dtype=np.int32)]
-        )
+    for answer in answers:
+        n, k = len(answer.prompt), answer.fed
+        tokens = np.concatenate([answer.prompt, np.asarray(answer.tokens[:k], dtype=np.int32)])
         loss_mask = np.zeros(n + k, dtype=np.uint8)
         loss_mask[n:] = 1
-        aux = torch.cat([prompt_aux[row, longest - n :], aux_out[row, :k]])
-        last = torch.cat([prompt_last[row, longest - n :], last_out[row, :k]])
+        aux = torch.cat([answer.prompt_aux, answer.aux[:k]])
+        last = torch.cat([answer.prompt_last, answer.last[:k]])
         results.append((Rendered(input_ids=tokens, loss_mask=loss_mask), aux, last))
     return results
