@@ -115,6 +115,7 @@ def onpolicy_group(
         aux_layers,
         eos_token_ids(target),
         batch_size=data.regenerate_batch_size,
+        prefill_tokens=params.extract.batch_tokens,
     )
     samples: list[Sample | None] = [None] * len(group)
     for i, (rendered, aux, last) in zip(order, outputs, strict=True):

@@ -110,6 +110,17 @@ def _prefill(target: Target, captured: Captured, answers: list[_Answer], rows: l
     return _Batch(cache, mask, positions[:, -1] + 1, logits, list(rows), done)
 
 
+def _chunks(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive index groups whose rows x longest stays within `budget` (one row at least)."""
+    groups: list[list[int]] = [[]]
+    for i, n in enumerate(lengths):
+        longest = max([lengths[j] for j in groups[-1]] + [n])
+        if groups[-1] and (len(groups[-1]) + 1) * longest > budget:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
 @torch.no_grad()
 def generate_with_features(
     target: Target,
@@ -119,13 +130,14 @@ def generate_with_features(
     aux_layers: list[int],
     eos_ids: frozenset[int],
     batch_size: int | None = None,
+    prefill_tokens: int = 4096,
 ) -> list[tuple[Rendered, Tensor, Tensor]]:
     """Greedy answers to `prompts` (token ids), with their captured features.
 
     Returns per prompt (tokens fed with loss_mask = 1 on the answer, aux_hidden bf16 [T, 3H],
     last_hidden bf16 [T, H]). An answer stops at an EOS id, after `max_new_tokens`, or when the
     sequence reaches `max_length` stored tokens. `batch_size` rows at most decode together
-    (None: all prompts at once).
+    (None: all prompts at once); newcomers prefill in chunks of <= `prefill_tokens` padded tokens.
     """
     h = target.hidden_size
     lengths = [len(p) for p in prompts]
@@ -151,12 +163,16 @@ def generate_with_features(
             live = 0 if batch is None else int((~batch.done).sum())
             if waiting and live <= size // 2:
                 joining, waiting = waiting[: size - live], waiting[size - live :]
-                newcomers = _prefill(target, captured, answers, joining)
-                if batch is None:
-                    batch = newcomers
-                else:
+                if batch is not None:
                     batch.keep((~batch.done).nonzero().flatten())
-                    batch.extend(newcomers)
+                # prefill in chunks of <= prefill_tokens padded tokens: one long prompt must not
+                # pad a whole group of short ones
+                for chunk in _chunks([len(answers[i].prompt) for i in joining], prefill_tokens):
+                    newcomers = _prefill(target, captured, answers, [joining[j] for j in chunk])
+                    if batch is None:
+                        batch = newcomers
+                    else:
+                        batch.extend(newcomers)
             tokens = batch.logits.argmax(-1)
             for j, i in enumerate(batch.rows):
                 if batch.done[j]:
