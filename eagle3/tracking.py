@@ -86,6 +86,11 @@ class StageRun:
             if flat:
                 self._mlflow.log_metrics(flat, step=step)
 
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Text facts of the run (machine, resolved dtypes): MLflow metrics are numbers only."""
+        if self._mlflow is not None and tags:
+            self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if self._mlflow is not None and Path(path).exists():
             self._mlflow.log_artifact(str(path), artifact_path=artifact_path)

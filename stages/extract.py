@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 
 from eagle3.data.extract import extract_features
+from eagle3.device import machine
+from eagle3.packed import pack_linears
 from eagle3.stageio import read_json, write_metrics
 from eagle3.target.load import load_target
 from eagle3.tracking import pipeline_run
@@ -27,6 +29,8 @@ def main() -> None:
                 f"'{fingerprint['target_source']}': run patch-check again"
             )
         target = load_target(params.target)
+        if params.extract.pack_weights:
+            pack_linears(target.model)  # a no-op outside float32 on CPU
         started = time.perf_counter()
         manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT)
         seconds = time.perf_counter() - started
@@ -36,10 +40,12 @@ def main() -> None:
             "num_loss_tokens": manifest["num_loss_tokens"],
             "bytes_per_token": manifest["bytes_per_token"],
             "extract_tokens_per_s": round(manifest["num_tokens"] / seconds, 1),
+            "dtype": str(target.model.dtype).removeprefix("torch."),
         }
         write_metrics("extract", metrics)
         with pipeline_run(params, "extract") as run:
             run.log_metrics(metrics)
+            run.set_tags({"extract.dtype": metrics["dtype"], "extract.machine": machine()})
     console.print(
         f"extracted {manifest['num_tokens']:,} tokens of {manifest['num_samples']} samples in {seconds:.0f} s"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from eagle3.device import resolve_dtype
+from eagle3.device import Shape, machine, resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config
 from eagle3.packed import pack_linears
 from eagle3.spec.engine import SpecEngine
@@ -32,18 +32,22 @@ def main() -> None:
         if ev.backend != "hf":
             raise ValueError(f"eval.backend: '{ev.backend}' is not available in this build (allowed: hf)")
         prompts = load_prompts(ev.prompts_file, ev.num_prompts, ev.categories)
-        if not (DRAFTER / "config.json").exists():
-            raise FileNotFoundError(f"{DRAFTER} holds no exported drafter: run the train stage first")
-        drafter_cfg = load_drafter_config(DRAFTER)
+        drafter_dir = Path(ev.drafter) if ev.drafter else DRAFTER
+        if not (drafter_dir / "config.json").exists():
+            hint = "eval.drafter names no exported drafter" if ev.drafter else "run the train stage first"
+            raise FileNotFoundError(f"{drafter_dir} holds no exported drafter: {hint}")
+        drafter_cfg = load_drafter_config(drafter_dir)
 
-        target = load_target(params.target.model_copy(update={"dtype": ev.dtype}))
+        # one dtype for all three decoders, the fastest for plain one-token decoding here
+        target = load_target(params.target.model_copy(update={"dtype": ev.dtype}), job="decode")
         if drafter_cfg.vocab_size != target.vocab_size or max(drafter_cfg.aux_layer_ids) >= target.num_layers:
             raise ValueError(
-                f"{DRAFTER} was trained for another target (vocab {drafter_cfg.vocab_size}, aux layers "
+                f"{drafter_dir} was trained for another target (vocab {drafter_cfg.vocab_size}, aux layers "
                 f"{drafter_cfg.aux_layer_ids}; target vocab {target.vocab_size}, {target.num_layers} layers)"
             )
         embed = target.model.get_input_embeddings().weight
-        drafter = load_drafter(DRAFTER, embed, dtype=resolve_dtype(ev.drafter_dtype or ev.dtype))
+        drafter_dtype = resolve_dtype(ev.drafter_dtype or ev.dtype, "decode", Shape.of(target.config))
+        drafter = load_drafter(drafter_dir, embed, dtype=drafter_dtype)
         if ev.pack_weights:  # the same packed target serves the baseline, the engine and the peer
             pack_linears(target.model)
             pack_linears(drafter)
@@ -82,12 +86,20 @@ def main() -> None:
             )
         categories = [p.category for p in prompts]
         metrics = summarize(run, ev.k, greedy) | summarize_spread(run, categories, ev.k, ev.seed)
+        # speeds compare only within one machine and dtype: say which with every figure
+        measured_on = {
+            "dtype": str(target.model.dtype).removeprefix("torch."),
+            "drafter_dtype": str(drafter_dtype).removeprefix("torch."),
+            "machine": machine(),
+        }
+        metrics |= measured_on
         rows = [r.as_dict() | {"category": c} for r, c in zip(run.results, categories, strict=True)]
         write_json(OUT / "results.json", {"prompts": rows})
         write_acceptance_plot(metrics["per_position_acceptance"], PLOT_CSV, PLOT_PNG)
         write_metrics("speculative-eval", metrics)
         with pipeline_run(params, "speculative-eval") as mlrun:
             mlrun.log_metrics(metrics)
+            mlrun.set_tags({f"eval.{k}": v for k, v in measured_on.items()})
             mlrun.log_artifact(PLOT_PNG, "plots")
             mlrun.log_artifact(OUT / "results.json", "speculative-eval")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from eagle3.data.store import MANIFEST, FeatureStore
+from eagle3.device import machine
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.export import export_drafter
 from eagle3.params import Params
@@ -86,7 +87,7 @@ def prepare(params: Params) -> TrainInputs:
     check_inputs(report_fp, store.fingerprint, store.aux_layers, meta, d2t, t2d, cfg)
     check_memory(cfg, params.train)
     store.verify()
-    master, autocast = precision(params.train)
+    master, autocast = precision(params.train, cfg)
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
     norm = load_target_final_norm(params.target.source, master)
     return TrainInputs(store, embed, head, d2t, t2d, cfg, run_key(params, cfg), norm)
@@ -142,6 +143,7 @@ def main() -> None:
                 "heldout_tokens": m["heldout_tokens"],
                 "draft_vocab_size": inputs.drafter_cfg.draft_vocab_size,
                 "processes": m["processes"],
+                "dtype": m["dtype"],
                 "train_tokens_per_s": round(m["tokens_per_s"] or 0.0, 1),
             }
             write_metrics("train", metrics)
@@ -154,6 +156,7 @@ def main() -> None:
                 [[k, held["acc"][k], train["acc"][k], held["loss"][k]] for k in range(p.ttt_length)],
             )
             run.log_metrics({k: v for k, v in metrics.items() if k != "chance_acc"})
+            run.set_tags({"train.dtype": m["dtype"], "train.machine": machine()})
             run.log_artifact(OUT / "config.json", "drafter")
     console.print(
         f"drafter: held-out top-1 acc at TTT position 0 {metrics['heldout_acc_0']:.3f} "

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from eagle3.device import DTYPES, resolve_dtype  # noqa: F401 - DTYPES re-exported for callers
+from eagle3.device import DTYPES, Job, Shape, resolve_dtype  # noqa: F401 - DTYPES re-exported for callers
 from eagle3.params import PACKAGED_TARGETS, TargetParams
 
 
@@ -156,11 +156,13 @@ def load_target_config(params: TargetParams):
     return AutoConfig.from_pretrained(resolve_target(params.source))
 
 
-def load_target(params: TargetParams) -> Target:
+def load_target(params: TargetParams, job: Job = "prefill") -> Target:
+    """The target in the dtype `target.dtype` resolves to for `job` (auto: fastest measured here)."""
     if params.threads:
         torch.set_num_threads(params.threads)
     path = resolve_target(params.source)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(params.dtype))
+    dtype = resolve_dtype(params.dtype, job, Shape.of(AutoConfig.from_pretrained(path)))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return Target(model=model, tokenizer=tokenizer, path=path, source=params.source)

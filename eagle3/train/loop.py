@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import Tensor
 
 from eagle3.data.store import FeatureStore
-from eagle3.device import resolve_dtype
+from eagle3.device import Shape, resolve_dtype
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.model import Eagle3Drafter
 from eagle3.params import TrainParams
@@ -35,9 +35,9 @@ from eagle3.train.ttt import TTTModel, acceptance_length, flops_per_token_step, 
 CHECKPOINT = "last.pt"
 
 
-def precision(p: TrainParams) -> tuple[torch.dtype, bool]:
-    """(master weight dtype, bf16 autocast on?) for train.dtype."""
-    dtype = resolve_dtype(p.dtype)
+def precision(p: TrainParams, cfg: DrafterConfig | None = None) -> tuple[torch.dtype, bool]:
+    """(master weight dtype, bf16 autocast on?) for train.dtype (auto: measured for the drafter's sizes)."""
+    dtype = resolve_dtype(p.dtype, "train", Shape.of(cfg) if cfg is not None else None)
     if dtype == torch.bfloat16:
         return torch.float32, True  # bf16 compute, float32 master weights and optimizer state
     return dtype, False
@@ -215,7 +215,7 @@ def evaluate(model: TTTModel, source: BatchSource, p: TrainParams, device: torch
     """Held-out loss/accuracy per TTT position and the simulated acceptance length."""
     acc = _Accumulator(p.ttt_length)
     lengths = []
-    master, use_autocast = precision(p)
+    master, use_autocast = precision(p, model.drafter.cfg)
     for rows in source.fixed_batches(p.batch_size):
         batch = _to_device(source.batch(rows, None if use_autocast else master), device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
@@ -265,7 +265,7 @@ def train_drafter(
     train_src = BatchSource(store, train_ids, in_draft, p.seq_len)
     held_src = BatchSource(store, held_ids, in_draft, p.seq_len)
 
-    master, use_autocast = precision(p)
+    master, use_autocast = precision(p, cfg)
     compute = torch.bfloat16 if use_autocast else master
     drafter = Eagle3Drafter(cfg, inputs.embed.to(compute)).to(master)
     drafter.embed_tokens.weight.data = inputs.embed.to(compute)
@@ -408,6 +408,7 @@ def train_drafter(
         "train_tokens": train_src.num_tokens,
         "heldout_tokens": held_src.num_tokens,
         "processes": d.world,
+        "dtype": "bfloat16" if use_autocast else str(master).removeprefix("torch."),
         "tokens_per_s": tokens_seen / seconds if tokens_seen else None,
         "matmul_tflops": tokens_seen * flops_token / seconds / 1e12 if tokens_seen else None,
         "chance_acc": 1.0 / cfg.draft_vocab_size,
