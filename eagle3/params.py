@@ -106,6 +106,9 @@ class TrainParams(Section):
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=0.5, gt=0)
     heldout_fraction: float = Field(default=0.05, gt=0, lt=1)
+    # Train on the first N training samples only (null = all): points of a data-size curve share
+    # one extraction and one held-out split.
+    max_samples: int | None = Field(default=None, ge=1)
     seed: int = 0
     num_processes: int = Field(default=1, ge=1)
     checkpoint_every: int = Field(default=50, ge=1)

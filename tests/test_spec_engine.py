@@ -100,8 +100,14 @@ def test_comparison_metrics_on_a_correct_engine():
     assert m["acceptance_length"] == pytest.approx(1 + m["acceptance_rate"] * spec.k)
     assert set(m["per_position_acceptance"]) == {"1", "2", "3", "4"}
     assert m["new_tokens"] == 3 * 32 and m["steps"] == sum(len(r.spec.accepted) for r in run.results)
-    for key in ("tokens_per_s", "baseline_tokens_per_s", "speedup", "prompt_lookup_speedup",
-                "draft_ms_per_step", "verify_ms_per_step"):
+    for key in (
+        "tokens_per_s",
+        "baseline_tokens_per_s",
+        "speedup",
+        "prompt_lookup_speedup",
+        "draft_ms_per_step",
+        "verify_ms_per_step",
+    ):
         assert m[key] > 0
     # transformers' prompt lookup decodes the same greedy output in float64
     assert m["prompt_lookup_greedy_match"] == 1.0

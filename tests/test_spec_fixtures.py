@@ -27,10 +27,20 @@ EOS = frozenset({V - 1})
 def tiny_target(dtype: torch.dtype = torch.float64, seed: int = 0, vocab: int = V) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=H, intermediate_size=128, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        rope_theta=10000.0, tie_word_embeddings=False, initializer_range=0.2,
-        bos_token_id=0, eos_token_id=vocab - 1, pad_token_id=vocab - 1,
+        vocab_size=vocab,
+        hidden_size=H,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=vocab - 1,
+        pad_token_id=vocab - 1,
     )
     return LlamaForCausalLM(cfg).to(dtype).eval().requires_grad_(False)
 

@@ -85,7 +85,8 @@ def test_tree_logits_equal_each_path_run_alone_and_cache_rollback():
     torch.testing.assert_close(
         runner.hidden(nxt, torch.tensor([past + 3]), cache),
         runner.hidden(nxt, torch.tensor([past + 3]), reference),
-        rtol=0, atol=1e-12,
+        rtol=0,
+        atol=1e-12,
     )
 
 

@@ -387,3 +387,12 @@ def test_export_agrees_with_vocab_map_and_reloads(tmp_path):
 
 if __name__ == "__main__":  # DDP worker for test_two_process_gloo_matches_one_process
     _ddp_worker(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+def test_max_samples_trains_on_fewer_samples_against_the_same_heldout_set(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    full = train_drafter(tiny_params(epochs=1), inputs, progress=False).metrics
+    part = train_drafter(tiny_params(epochs=1, max_samples=5), inputs, progress=False).metrics
+    assert part["heldout_tokens"] == full["heldout_tokens"]
+    assert 0 < part["train_tokens"] < full["train_tokens"]
+    assert part["steps"] < full["steps"]

@@ -260,6 +260,8 @@ def train_drafter(
     np.random.seed(p.seed)
     store = inputs.store
     train_ids, held_ids = split_samples(len(store), p.heldout_fraction, p.seed)
+    if p.max_samples is not None:  # a data-size curve: same held-out set, fewer training samples
+        train_ids = train_ids[: p.max_samples]
     head_rows = inputs.head[torch.arange(cfg.draft_vocab_size) + inputs.d2t]  # the K draft rows
     in_draft = target_in_draft(store, train_ids + held_ids, inputs.head, inputs.t2d)
     train_src = BatchSource(store, train_ids, in_draft, p.seq_len)
