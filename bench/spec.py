@@ -78,13 +78,23 @@ def main() -> None:
         pack_linears(target.model)
         pack_linears(drafter)
     engine = SpecEngine(
-        target.model, drafter, target.decoder_layers, target.final_norm,
-        mode=args.mode, k=args.k, topk=args.topk, tree_budget=args.budget,
+        target.model,
+        drafter,
+        target.decoder_layers,
+        target.final_norm,
+        mode=args.mode,
+        k=args.k,
+        topk=args.topk,
+        tree_budget=args.budget,
     )
     batch = [(p.id, render_prompt(target.tokenizer, p.text, True)) for p in load_prompts(None, args.prompts)]
     run = run_comparison(
-        engine, batch, args.tokens, eos_token_ids(target.model, target.tokenizer),
-        prompt_lookup_tokens=args.lookup or None, check=False,
+        engine,
+        batch,
+        args.tokens,
+        eos_token_ids(target.model, target.tokenizer),
+        prompt_lookup_tokens=args.lookup or None,
+        check=False,
     )
     m = summarize(run, args.k, greedy=False)
 

@@ -48,6 +48,28 @@ def preset_args(name: str, base: str = "params.yaml", folder: str = "presets") -
     ]
 
 
+def ship(name: str, drafter: str = "artifacts/train/drafter", folder: str = "drafters") -> Path:
+    """Copy a trained drafter with the params and metrics that produced it into drafters/<name>/,
+    so it can be committed and evaluated later with `eval.drafter` (no retraining)."""
+    import shutil
+
+    src, out = Path(drafter), Path(folder) / name
+    for needed in (src / "config.json", src / "model.safetensors", Path("params.yaml")):
+        if not needed.exists():
+            raise FileNotFoundError(f"{needed} is missing: train a drafter first (dvc repro)")
+    out.mkdir(parents=True, exist_ok=True)
+    for file in ("config.json", "model.safetensors"):
+        shutil.copyfile(src / file, out / file)
+    shutil.copyfile("params.yaml", out / "params.yaml")
+    metrics = {
+        stage: json.loads(path.read_text())
+        for stage in ("extract", "vocab-map", "train", "speculative-eval")
+        if (path := Path("metrics") / f"{stage}.json").exists()
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eagle3", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -60,7 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         help="print `dvc exp run` arguments for presets/NAME.yaml: dvc exp run $(eagle3 preset full)",
     )
     preset.add_argument("name")
+    ship_cmd = commands.add_parser(
+        "ship", help="copy the trained drafter, params.yaml and metrics into drafters/NAME/ (to commit)"
+    )
+    ship_cmd.add_argument("name")
     args = parser.parse_args(argv)
+    if args.command == "ship":
+        try:
+            print(ship(args.name))
+        except FileNotFoundError as err:
+            Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+            return 2
+        return 0
     if args.command == "params" and args.action == "check":
         return params_check(args.file)
     if args.command == "preset":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -49,3 +50,22 @@ def test_a_bad_or_unknown_preset_fails_before_dvc_runs(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main(["preset", "nope"]) == 2
     assert "preset 'nope' not found (allowed: bad)" in capsys.readouterr().err
+
+
+def test_ship_copies_the_drafter_with_its_params_and_metrics(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["ship", "mine"]) == 2  # nothing trained yet: a clear error, nothing written
+    assert "artifacts/train/drafter/config.json is missing" in capsys.readouterr().err
+    assert not (tmp_path / "drafters").exists()
+    drafter = tmp_path / "artifacts" / "train" / "drafter"
+    drafter.mkdir(parents=True)
+    (drafter / "config.json").write_text("{}")
+    (drafter / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "params.yaml").write_text("train: {epochs: 3}\n")
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "speculative-eval.json").write_text('{"speedup": 1.5}')
+    assert main(["ship", "mine"]) == 0
+    out = tmp_path / "drafters" / "mine"
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+    assert (out / "params.yaml").read_text() == "train: {epochs: 3}\n"
+    assert json.loads((out / "metrics.json").read_text()) == {"speculative-eval": {"speedup": 1.5}}

@@ -321,3 +321,28 @@ def test_old_exports_still_load(tmp_path):
     embed, _ = target_tensors()
     loaded = load_drafter(folder, embed, dtype=torch.float32)
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+# --- the drafters this repository ships --------------------------------------------------------------
+
+SHIPPED = sorted(p.parent for p in (Path(__file__).resolve().parents[1] / "drafters").glob("*/config.json"))
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_drafters_load_right_under_every_loader(folder, smollm2):
+    """SGLang, vLLM and the EAGLE reference all give a shipped drafter the target's embedding and
+    its own lm_head, and our engine loads it against the packaged target."""
+    embed = smollm2.model.get_input_embeddings().weight
+    head = smollm2.model.get_output_embeddings().weight
+    for plan in (sglang_plan(folder), vllm_plan(folder, embed, head)):
+        assert (plan.embedding, plan.lm_head) == (TARGET, FILE)
+        assert not plan.uninitialised and not plan.bad_shapes
+    cfg = load_drafter_config(folder)
+    if not (cfg.fc_norm or cfg.norm_output):  # the EAGLE reference has no EAGLE-3.1
+        assert (eagle_reference_plan(folder).embedding, eagle_reference_plan(folder).lm_head) == (
+            TARGET,
+            FILE,
+        )
+    drafter = load_drafter(folder, embed, dtype=torch.float32)
+    assert drafter.cfg.vocab_size == smollm2.vocab_size
+    assert (folder / "params.yaml").exists() and (folder / "metrics.json").exists()
