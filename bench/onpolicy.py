@@ -43,7 +43,7 @@ def main() -> None:
     onpolicy_params = parse_params(raw | {"data": raw["data"] | {"regenerate": True}})
     target = load_target(plain_params.target)
     aux = [1, target.num_layers // 2 - 1, target.num_layers - 4]
-    eos = eos_token_ids(target)
+    eos = eos_token_ids(target.model, target.tokenizer)
     rendered = [s.rendered for s in select_conversations(plain_params, target.tokenizer, chat=True)]
     selected = select_conversations(onpolicy_params, target.tokenizer, chat=True)
     prompts = sorted((prompt_ids(target.tokenizer, s.messages, True) for s in selected), key=len)

@@ -24,9 +24,9 @@ from eagle3.drafter.export import load_drafter
 from eagle3.packed import pack_linears
 from eagle3.params import TargetParams, default_aux_layers
 from eagle3.spec.engine import SpecEngine
-from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize
+from eagle3.spec.evaluate import run_comparison, summarize
 from eagle3.spec.prompts import load_prompts, render_prompt
-from eagle3.target.load import DTYPES, load_target
+from eagle3.target.load import DTYPES, eos_token_ids, load_target
 
 
 def machine() -> str:

@@ -11,11 +11,11 @@ from eagle3.device import Shape, machine, resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config
 from eagle3.packed import pack_linears
 from eagle3.spec.engine import SpecEngine
-from eagle3.spec.evaluate import eos_token_ids, run_comparison, summarize, summarize_spread
+from eagle3.spec.evaluate import run_comparison, summarize, summarize_spread
 from eagle3.spec.prompts import load_prompts, render_prompt
 from eagle3.spec.report import category_table, interval_line, write_acceptance_plot
 from eagle3.stageio import write_json, write_metrics
-from eagle3.target.load import has_chat_template, load_target
+from eagle3.target.load import eos_token_ids, has_chat_template, load_target
 from eagle3.tracking import pipeline_run
 from stages.common import console, reported_failures, validated_params
 

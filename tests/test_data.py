@@ -172,7 +172,9 @@ def test_self_distillation_features_come_from_the_generation_itself(smollm2, fp,
         answer = greedy[0, prompt:].tolist()
         # fed answer tokens = the greedy answer minus its last token (whose prediction is stored),
         # cut at the end-of-turn token or where the sequence reaches max_length
-        ends = [j for j, token in enumerate(answer) if token in eos_token_ids(smollm2)]
+        ends = [
+            j for j, token in enumerate(answer) if token in eos_token_ids(smollm2.model, smollm2.tokenizer)
+        ]
         fed = min([min(12, 80 - prompt + 1) - 1] + ends)
         assert ids[prompt:].tolist() == answer[:fed]
         lengths.add(fed)

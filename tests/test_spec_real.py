@@ -8,8 +8,8 @@ import torch
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.params import TargetParams, default_aux_layers
 from eagle3.spec.engine import SpecEngine, greedy_decode
-from eagle3.spec.evaluate import eos_token_ids
 from eagle3.spec.prompts import load_prompts, render_prompt
+from eagle3.target.load import eos_token_ids
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def onpolicy_group(
         data.regenerate_max_new_tokens,
         data.max_length,
         aux_layers,
-        eos_token_ids(target),
+        eos_token_ids(target.model, target.tokenizer),
         batch_size=data.regenerate_batch_size,
         prefill_tokens=params.extract.batch_tokens,
     )

@@ -82,16 +82,6 @@ def prompt_lookup_decode(
     return Generation(tokens=tokens, seconds=time.perf_counter() - start)
 
 
-def eos_token_ids(model: PreTrainedModel, tokenizer) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (model.generation_config.eos_token_id, getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(i) for i in source)
-    return frozenset(ids)
-
-
 def run_comparison(
     engine: SpecEngine,
     prompts: Sequence[tuple[str, list[int]]],

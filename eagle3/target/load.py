@@ -168,13 +168,10 @@ def load_target(params: TargetParams, job: Job = "prefill") -> Target:
     return Target(model=model, tokenizer=tokenizer, path=path, source=params.source)
 
 
-def eos_token_ids(target: Target) -> frozenset[int]:
+def eos_token_ids(model: PreTrainedModel, tokenizer) -> frozenset[int]:
     """Every id that ends an answer: the generation config's EOS ids and the tokenizer's."""
     ids: set[int] = set()
-    for source in (
-        target.model.generation_config.eos_token_id,
-        getattr(target.tokenizer, "eos_token_id", None),
-    ):
+    for source in (model.generation_config.eos_token_id, getattr(tokenizer, "eos_token_id", None)):
         if isinstance(source, int):
             ids.add(source)
         elif source:
