@@ -10,32 +10,16 @@ Prints the machine, then medians over interleaved repetitions of the same batche
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
 import torch
 
 from eagle3.data.extract import capture_batch, select_conversations, token_batches
-from eagle3.device import native_bf16
+from eagle3.device import machine
 from eagle3.params import parse_params
 from eagle3.target.capture import capture_hidden_states
 from eagle3.target.load import load_target
-
-
-def machine() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    threads = torch.get_num_threads()
-    bf16 = native_bf16()
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {threads} threads, native bf16: {bf16}"
 
 
 def main() -> None:

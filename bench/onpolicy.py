@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from bench.extract import machine
 from eagle3.data.extract import capture_batch, prompt_ids, select_conversations, token_batches
 from eagle3.data.onpolicy import generate_with_features
+from eagle3.device import machine
 from eagle3.packed import pack_linears
 from eagle3.params import parse_params
 from eagle3.target.load import eos_token_ids, load_target

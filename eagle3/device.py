@@ -39,6 +39,7 @@ JOBS: tuple[Job, ...] = ("prefill", "decode", "train")
 # Shapes of a small target's MLP (SmolLM2: 576 -> 1536); the ranking, not the figure, is used.
 
 
+@cache
 def _cpu_flags() -> str:
     try:
         return Path("/proc/cpuinfo").read_text()
