@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from bench.spec import machine
+from eagle3.device import machine
 from eagle3.packed import pack_linears
 from eagle3.params import TargetParams
 from eagle3.target.load import load_target

@@ -12,13 +12,10 @@ random one is used: acceptance ~0, which measures the engine's pure overhead.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 from pathlib import Path
 
-import torch
-
+from eagle3.device import machine
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import load_drafter
 from eagle3.packed import pack_linears
@@ -27,23 +24,6 @@ from eagle3.spec.engine import SpecEngine
 from eagle3.spec.evaluate import run_comparison, summarize
 from eagle3.spec.prompts import load_prompts, render_prompt
 from eagle3.target.load import DTYPES, eos_token_ids, load_target
-
-
-def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        flags = Path("/proc/cpuinfo").read_text()
-        isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
-    except OSError:
-        isa = []
-    return (
-        f"{cpu} | {os.cpu_count()} cores, torch threads {torch.get_num_threads()} | "
-        f"ISA {'/'.join(isa) or '?'} | torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
-    )
 
 
 def main() -> None:

@@ -68,8 +68,8 @@ def machine() -> str:
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     bf16 = "AMX" if "amx_bf16" in _cpu_flags() else "AVX512-BF16" if native_bf16() else "no native bf16"
     return (
-        f"{_cpu_model()}, {os.cpu_count()} cores, {bf16}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
+        f"{_cpu_model()}, {os.cpu_count()} cores, {bf16}, torch {torch.__version__} "
+        f"({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads"
     )
 
 
