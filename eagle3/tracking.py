@@ -4,7 +4,12 @@ DVC runs each stage in its own process, so the stages find their common run by a
 hash of the validated params plus the DVC experiment name and git revision. The embedded
 default store is anchored at the repo root taken from DVC_ROOT, because a queued
 `dvc exp run` executes in a temporary copy that is deleted afterwards (a relative URI would
-lose the run); DVC points DVC_ROOT at the parent repo for those.
+lose the run); DVC points DVC_ROOT at the parent repo for those. DVC also sets DVC_EXP_NAME
+for every `dvc exp run` (queued or not, dvc/repo/experiments/queue/base.py), which names the run.
+
+`dvc queue start -j N` runs N experiments at once: their stages open the same sqlite store
+together, and MLflow's first-time schema migration is not safe against that, so opening the
+store and finding/creating the experiment and run happen under a file lock.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ import hashlib
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from eagle3.params import Params, flatten
 from eagle3.stageio import REPO_STAGES, metrics_path, read_json
@@ -34,6 +42,15 @@ def tracking_uri(params: Params) -> str:
     if params.tracking.uri:
         return params.tracking.uri
     return f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def store_lock(uri: str) -> AbstractContextManager[Any]:
+    """A lock across processes for a local sqlite store (a server serializes on its own).
+    It lives in the temp dir, keyed by the database path, to leave the repo clean."""
+    if not uri.startswith("sqlite:///"):
+        return nullcontext()
+    key = hashlib.sha256(uri.removeprefix("sqlite:///").encode()).hexdigest()[:16]
+    return FileLock(Path(tempfile.gettempdir()) / f"eagle3-mlflow-{key}.lock", timeout=600)
 
 
 def git_revision(cwd: Path | None = None) -> str:
@@ -101,7 +118,11 @@ def _experiment_id(mlflow: Any, name: str) -> str:
     if experiment is not None:
         return experiment.experiment_id
     artifacts = (repo_root() / "mlartifacts").as_uri()
-    return mlflow.create_experiment(name, artifact_location=artifacts)
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifacts)
+    except mlflow.exceptions.MlflowException:
+        # another process (on a shared server) created it first
+        return mlflow.get_experiment_by_name(name).experiment_id
 
 
 def _find_or_create_run(mlflow: Any, experiment_id: str, key: str, params: Params) -> str:
@@ -133,9 +154,11 @@ def pipeline_run(params: Params, stage: str) -> Iterator[StageRun]:
         return
     import mlflow  # noqa: PLC0415 - slow import, only when tracking is on
 
-    mlflow.set_tracking_uri(tracking_uri(params))
-    experiment_id = _experiment_id(mlflow, params.tracking.experiment)
-    run_id = _find_or_create_run(mlflow, experiment_id, run_key(params), params)
+    uri = tracking_uri(params)
+    mlflow.set_tracking_uri(uri)
+    with store_lock(uri):
+        experiment_id = _experiment_id(mlflow, params.tracking.experiment)
+        run_id = _find_or_create_run(mlflow, experiment_id, run_key(params), params)
     with mlflow.start_run(run_id=run_id):
         mlflow.set_tag(f"eagle3.stage.{stage}", "ran")
         run = StageRun(mlflow, run_id)

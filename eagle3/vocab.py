@@ -4,18 +4,25 @@ Convention (SGLang / EAGLE-3): draft ids are the chosen target ids sorted ascend
     target_id = draft_id + d2t[draft_id]        d2t: int64 [K]
     t2d[target_id] = target_id is in the draft vocabulary    t2d: bool [V]
 K >= V gives the identity (d2t all zero, t2d all true).
+
+vocab.json records the mapping file's sha256 and the features it was counted from, so a
+mapping that is damaged, or copied from another run, is refused by name before training.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 
-from eagle3.stageio import read_json, write_bytes, write_json
+from eagle3.inputs import InputError
+from eagle3.stageio import write_bytes, write_json
 
 MAPPING = "mapping.safetensors"
 META = "vocab.json"
@@ -79,14 +86,34 @@ def coverage_curve(counts: np.ndarray, sizes: list[int]) -> list[tuple[int, floa
 
 
 def save_vocab_map(vocab: VocabMap, out_dir: Path, meta: dict) -> None:
-    write_bytes(out_dir / MAPPING, save({"d2t": vocab.d2t.contiguous(), "t2d": vocab.t2d.contiguous()}))
-    write_json(out_dir / META, meta)
+    data = save({"d2t": vocab.d2t.contiguous(), "t2d": vocab.t2d.contiguous()})
+    write_bytes(out_dir / MAPPING, data)
+    write_json(out_dir / META, meta | {"mapping_sha256": hashlib.sha256(data).hexdigest()})
 
 
 def load_mapping(folder: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(d2t int64 [K], t2d bool [V], metadata) of a vocab-map output folder."""
+    """(d2t int64 [K], t2d bool [V], metadata) of a vocab-map output folder; InputError naming
+    the file when it is unreadable or is not the mapping its vocab.json describes."""
     folder = Path(folder)
-    if not (folder / MAPPING).exists():
+    path, meta_path = folder / MAPPING, folder / META
+    if not path.exists():
         raise FileNotFoundError(f"{folder} holds no {MAPPING}: run the vocab-map stage first")
-    tensors = load_file(str(folder / MAPPING))
-    return tensors["d2t"], tensors["t2d"], read_json(folder / META)
+    rerun = "re-run the vocab-map stage (dvc repro vocab-map)"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise InputError(f"{meta_path} is missing or not valid JSON ({err}); {rerun}") from None
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if meta.get("mapping_sha256", digest) != digest:  # absent in mappings written before it was recorded
+        raise InputError(
+            f"{path} is not the mapping {meta_path} describes (damaged, or from another run); {rerun}"
+        )
+    try:
+        tensors = load(data)
+        d2t, t2d = tensors["d2t"], tensors["t2d"]
+    except (SafetensorError, KeyError) as err:
+        raise InputError(f"{path} is not a d2t/t2d mapping ({err}); {rerun}") from None
+    if d2t.dtype != torch.int64 or t2d.dtype != torch.bool or d2t.dim() != 1 or t2d.dim() != 1:
+        raise InputError(f"{path}: d2t must be int64 [K] and t2d bool [V]; {rerun}")
+    return d2t, t2d, meta

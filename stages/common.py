@@ -8,12 +8,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 
+from eagle3.inputs import InputError
 from eagle3.params import Params, ParamsError, load_params
 
 console = Console(stderr=True)
 # Failures whose message already says what is wrong and what to do.
 EXPECTED = (ParamsError, ValueError, FileNotFoundError, AssertionError, RuntimeError)
+# Of those, the ones that mean "fix your input" (params, files, data) exit with 2, like argparse.
+BAD_INPUT = (ParamsError, InputError)
 
 
 def validated_params(path: str = "params.yaml") -> Params:
@@ -29,5 +33,9 @@ def reported_failures(stage: str) -> Iterator[None]:
     try:
         yield
     except EXPECTED as err:
-        console.print(f"[bold red]{stage} failed:[/] {err}")
-        sys.exit(2 if isinstance(err, ParamsError) else 1)
+        message = str(err)
+        if isinstance(err, ParamsError):  # its problems as one line, not a list
+            message = "invalid params: " + "; ".join(err.problems)
+        # soft_wrap: the message stays one line at any terminal width (and greppable in logs)
+        console.print(f"[bold red]{stage} failed:[/] {escape(message)}", soft_wrap=True)
+        sys.exit(2 if isinstance(err, BAD_INPUT) else 1)

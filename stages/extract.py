@@ -1,4 +1,5 @@
-"""Stage extract: conversations -> captured aux/last hidden states in a sharded feature store."""
+"""Stage extract: conversations -> captured aux/last hidden states in a sharded feature store
+(hf: the loaded target's forwards; sglang: running SGLang servers, eagle3/data/sglang_extract.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from eagle3.data.extract import extract_features
 from eagle3.device import machine
 from eagle3.packed import pack_linears
+from eagle3.params import Params
 from eagle3.stageio import read_json, write_metrics
 from eagle3.target.load import load_target
 from eagle3.tracking import pipeline_run
@@ -15,6 +17,24 @@ from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/extract")
 REPORT = Path("artifacts/patch-check/report.json")
+
+
+def extract_hf(params: Params, fingerprint: dict) -> tuple[dict, str]:
+    if fingerprint.get("engine") != "transformers":
+        raise ValueError(
+            f"extract.backend is 'hf' but {REPORT} checked {fingerprint.get('engine')}: run patch-check again"
+        )
+    target = load_target(params.target)
+    if params.extract.pack_weights:
+        pack_linears(target.model)  # a no-op outside float32 on CPU
+    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT)
+    return manifest, str(target.model.dtype).removeprefix("torch.")
+
+
+def extract_sglang(params: Params, fingerprint: dict) -> tuple[dict, str]:
+    from eagle3.data.sglang_extract import extract_with_sglang  # the hf path needs no HTTP client
+
+    return extract_with_sglang(params, fingerprint, OUT), fingerprint["dtype"]
 
 
 def main() -> None:
@@ -28,11 +48,9 @@ def main() -> None:
                 f"target.source is '{params.target.source}' but {REPORT} checked "
                 f"'{fingerprint['target_source']}': run patch-check again"
             )
-        target = load_target(params.target)
-        if params.extract.pack_weights:
-            pack_linears(target.model)  # a no-op outside float32 on CPU
         started = time.perf_counter()
-        manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT)
+        backend = extract_sglang if params.extract.backend == "sglang" else extract_hf
+        manifest, dtype = backend(params, fingerprint)
         seconds = time.perf_counter() - started
         metrics = {
             "num_samples": manifest["num_samples"],
@@ -40,12 +58,15 @@ def main() -> None:
             "num_loss_tokens": manifest["num_loss_tokens"],
             "bytes_per_token": manifest["bytes_per_token"],
             "extract_tokens_per_s": round(manifest["num_tokens"] / seconds, 1),
-            "dtype": str(target.model.dtype).removeprefix("torch."),
+            "dtype": dtype,
         }
         write_metrics("extract", metrics)
         with pipeline_run(params, "extract") as run:
             run.log_metrics(metrics)
-            run.set_tags({"extract.dtype": metrics["dtype"], "extract.machine": machine()})
+            tags = {"extract.dtype": metrics["dtype"], "extract.machine": machine()}
+            run.set_tags(
+                tags | {"extract.engine": f"{fingerprint['engine']} {fingerprint['engine_version']}"}
+            )
     console.print(
         f"extracted {manifest['num_tokens']:,} tokens of {manifest['num_samples']} samples in {seconds:.0f} s"
     )

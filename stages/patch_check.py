@@ -1,31 +1,62 @@
-"""Stage patch-check: prove capture is non-invasive and reads the right layers; fingerprint the target."""
+"""Stage patch-check: prove capture reads the right layers on this engine; fingerprint the target.
+
+hf: capture is non-invasive and equals HF's reference states. sglang: the servers run a
+supported version in the right mode and their rows agree with the HF reference (bf16 tolerance).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3.params import check_against_target
+from eagle3.params import Params, check_against_target
 from eagle3.stageio import write_json, write_metrics
-from eagle3.target.load import load_target, load_target_config
-from eagle3.target.patch_check import run_patch_check
+from eagle3.target.load import has_chat_template, load_target, load_target_config
+from eagle3.target.patch_check import fingerprint, run_patch_check
 from eagle3.tracking import pipeline_run
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/patch-check")
 
 
+def sglang_report(params: Params) -> dict:
+    # imported here: the hf path needs none of the HTTP client
+    from eagle3.data.sglang_extract import check_inputs, server_pools, text_config
+    from eagle3.target.sglang_check import (
+        check_pools,
+        hf_reference,
+        run_sglang_patch_check,
+        sglang_fingerprint,
+    )
+    from eagle3.target.sglang_engine import layer_id_rule
+
+    full_config = load_target_config(params.target)
+    config = text_config(full_config)
+    aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
+    rule = layer_id_rule(full_config.architectures[0])
+    aux, final = server_pools(params)
+    aux_args, final_args = check_pools(aux, final, aux_layers, rule)  # cheap, before the HF load
+    target = load_target(params.target)
+    inputs, prompt = check_inputs(target.tokenizer, has_chat_template(params.target.source))
+    reference = hf_reference(target.model, aux_layers)
+    checks = run_sglang_patch_check(aux, final, inputs, prompt, config.hidden_size, aux_layers, reference)
+    return {
+        "fingerprint": sglang_fingerprint(fingerprint(target, aux_layers), aux_args, final_args, rule),
+        "convention": f"aux layer id L = output of decoder layer L = HF hidden_states[L + 1]; SGLang "
+        f"({rule.family}): {rule.capture}",
+        "checks": checks,
+        "passed": True,
+    }
+
+
 def main() -> None:
     params = validated_params()
     with reported_failures("patch-check"):
-        if params.extract.backend != "hf":
-            raise ValueError(
-                f"extract.backend: '{params.extract.backend}' is checked on an SGLang server "
-                "(`eagle3[sglang]`, GPU); this stage runs the 'hf' backend (allowed here: hf)"
-            )
-        config = load_target_config(params.target)
-        aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
-        target = load_target(params.target)
-        report = run_patch_check(target, aux_layers)
+        if params.extract.backend == "sglang":
+            report = sglang_report(params)
+        else:
+            config = load_target_config(params.target)
+            aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
+            report = run_patch_check(load_target(params.target), aux_layers)
         write_json(OUT / "report.json", report)
         fp = report["fingerprint"]
         metrics = {
@@ -36,7 +67,7 @@ def main() -> None:
         write_metrics("patch-check", metrics)
         with pipeline_run(params, "patch-check") as run:
             run.log_metrics(metrics)
-    console.print(f"patch-check passed: aux layers {aux_layers}, {fp['engine']} {fp['engine_version']}")
+    console.print(f"patch-check passed: aux layers {fp['aux_layers']}, {fp['engine']} {fp['engine_version']}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from rich.progress import Progress
 
 from eagle3.device import Shape, machine, resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config
+from eagle3.inputs import InputError
 from eagle3.packed import pack_linears
 from eagle3.spec.engine import SpecEngine
 from eagle3.spec.evaluate import run_comparison, summarize, summarize_spread
@@ -41,7 +42,7 @@ def main() -> None:
         # one dtype for all three decoders, the fastest for plain one-token decoding here
         target = load_target(params.target.model_copy(update={"dtype": ev.dtype}), job="decode")
         if drafter_cfg.vocab_size != target.vocab_size or max(drafter_cfg.aux_layer_ids) >= target.num_layers:
-            raise ValueError(
+            raise InputError(
                 f"{drafter_dir} was trained for another target (vocab {drafter_cfg.vocab_size}, aux layers "
                 f"{drafter_cfg.aux_layer_ids}; target vocab {target.vocab_size}, {target.num_layers} layers)"
             )

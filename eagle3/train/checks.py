@@ -2,7 +2,8 @@
 
 The features, the vocab mapping and the patch-check report each carry the fingerprint of the
 target they were made with; training a drafter across two targets or two tokenizers would
-give a model that silently never accepts anything.
+give a model that silently never accepts anything. The vocab mapping also records the features
+it was counted from and its vocab.size, so a mapping copied from another run is refused too.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from eagle3.drafter.config import DrafterConfig
+from eagle3.inputs import InputError
 
 
-def _mismatch(what: str, key: str, got: object, expected: object, fix: str) -> ValueError:
-    return ValueError(f"{what}: {key} is {got!r} but the target has {expected!r}; {fix}")
+def _mismatch(what: str, key: str, got: object, expected: object, fix: str) -> InputError:
+    return InputError(f"{what}: {key} is {got!r} but the target has {expected!r}; {fix}")
 
 
 def check_inputs(
@@ -24,9 +26,23 @@ def check_inputs(
     d2t: torch.Tensor,
     t2d: torch.Tensor,
     cfg: DrafterConfig,
+    features_sha256: str | None = None,
+    vocab_size: int | None = None,
+    target_tokenizer_sha256: str | None = None,
 ) -> None:
-    """Raise ValueError naming the first input made for another target / tokenizer."""
+    """Raise InputError naming the first input made for another target / tokenizer / run.
+
+    `features_sha256` (of the features' manifest.json) and `vocab_size` (params vocab.size) are
+    checked against what the mapping recorded; `target_tokenizer_sha256` is the tokenizer of
+    the target as it is now, checked against the one the features were made with."""
     rerun_extract = "re-run the extract stage for this target (dvc repro extract)"
+    tok_now, tok_features = target_tokenizer_sha256, features_fp.get("tokenizer_sha256")
+    if tok_now is not None and tok_features is not None and tok_now != tok_features:
+        raise InputError(
+            "the target's tokenizer files changed since the features (artifacts/extract) were made "
+            f"(tokenizer_sha256 {tok_now[:12]}... now, {tok_features[:12]}... then); re-run patch-check "
+            "and everything after it (dvc repro --force --downstream patch-check)"
+        )
     for key in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size"):
         if key in report_fp and features_fp.get(key) != report_fp[key]:
             raise _mismatch(
@@ -49,6 +65,18 @@ def check_inputs(
             rerun_extract,
         )
     rerun_vocab = "re-run the vocab-map stage on this target's features (dvc repro vocab-map)"
+    made_from = mapping_meta.get("features_manifest_sha256")
+    if features_sha256 is not None and made_from is not None and made_from != features_sha256:
+        raise InputError(
+            "the vocab mapping (artifacts/vocab-map/vocab.json) was counted from other features than "
+            f"artifacts/extract/manifest.json (another run's?); {rerun_vocab}"
+        )
+    size_then = mapping_meta.get("vocab_size_param")
+    if vocab_size is not None and size_then is not None and size_then != vocab_size:
+        raise InputError(
+            f"the vocab mapping (artifacts/vocab-map/vocab.json) was built for vocab.size {size_then}, "
+            f"params have {vocab_size} (another run's?); {rerun_vocab}"
+        )
     tok = mapping_meta.get("tokenizer_sha256")
     if tok is not None and tok != report_fp.get("tokenizer_sha256", tok):
         raise _mismatch(
@@ -64,10 +92,10 @@ def check_inputs(
             "the vocab mapping (artifacts/vocab-map)", "target_vocab_size", size, cfg.vocab_size, rerun_vocab
         )
     if len(d2t) != cfg.draft_vocab_size or int(t2d.sum()) != len(d2t):
-        raise ValueError(
+        raise InputError(
             f"the vocab mapping is inconsistent: d2t has {len(d2t)} entries, t2d marks {int(t2d.sum())}; "
             + rerun_vocab
         )
     targets = torch.arange(len(d2t)) + d2t
     if int(targets.min()) < 0 or int(targets.max()) >= cfg.vocab_size or not bool(t2d[targets].all()):
-        raise ValueError("the vocab mapping is inconsistent: d2t points outside t2d; " + rerun_vocab)
+        raise InputError("the vocab mapping is inconsistent: d2t points outside t2d; " + rerun_vocab)

@@ -6,10 +6,16 @@ function of (seed, epoch), so the resumed run replays exactly what the uninterru
 Under `torchrun` (WORLD_SIZE > 1) each rank takes every world-th row of the global batch and
 the loss is normalised by the global number of trained positions, so N processes compute the
 same update as one process on the same global batch.
+
+Checkpoints hold only tensors and plain Python values (the numpy RNG state is stored as a
+tensor), so they load with `torch.load(weights_only=True)`: no pickled code runs from disk.
+Each carries the sha256 of its content; a damaged checkpoint, or one of other params or
+inputs, is reported by name and not resumed (the run starts afresh and overwrites it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -21,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import Tensor
 
@@ -157,7 +165,11 @@ def check_memory(cfg: DrafterConfig, p: TrainParams) -> float:
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    # numpy's state as (name, keys as an int64 tensor, pos, has_gauss, gauss): weights_only
+    # loading refuses numpy arrays
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -166,9 +178,56 @@ def _rng_state() -> dict:
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _digest(state: object) -> str:
+    """sha256 of a checkpoint's content: tensors by dtype, shape and bytes, containers in order
+    (dicts by key), everything else by repr (exact for ints, floats, strings, None)."""
+    h = hashlib.sha256()
+
+    def feed(obj: object) -> None:
+        if isinstance(obj, Tensor):
+            t = obj.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # no copy: the buffer itself
+        elif isinstance(obj, dict):
+            h.update(b"{")
+            for key in sorted(obj, key=repr):
+                h.update(repr(key).encode())
+                feed(obj[key])
+            h.update(b"}")
+        elif isinstance(obj, (list, tuple)):
+            h.update(b"[" if isinstance(obj, list) else b"(")
+            for item in obj:
+                feed(item)
+            h.update(b"]")
+        else:
+            h.update(repr(obj).encode())
+
+    feed(state)
+    return h.hexdigest()
+
+
+def read_checkpoint(path: Path, run_key: str) -> tuple[dict | None, str]:
+    """(the checkpoint's state, "") when `path` is an intact checkpoint of this run, else
+    (None, why not): absent, unreadable or damaged, or written for other params or inputs."""
+    if not path.exists():
+        return None, ""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - truncated zip, refused pickle, ...: all mean damaged
+        why = f"{type(err).__name__}; or written before checkpoints were weights-only"
+        return None, f"{path} is damaged ({why}); starting afresh"
+    content = {k: v for k, v in state.items() if k != "sha256"} if isinstance(state, dict) else None
+    if content is None or state.get("sha256") != _digest(content):
+        return None, f"{path} is damaged (its content differs from its sha256); starting afresh"
+    if state["key"] != run_key:
+        return None, f"{path} was written for other params or inputs; not resumed, starting afresh"
+    return state, ""
 
 
 def trainable_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
@@ -290,16 +349,17 @@ def train_drafter(
     epochs: list[dict] = []
     epoch_acc = _Accumulator(p.ttt_length)
     ckpt_path = checkpoint_dir / CHECKPOINT if checkpoint_dir else None
-    if ckpt_path and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if state["key"] == inputs.run_key:
-            drafter.load_state_dict(state["model"], strict=False)
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            _set_rng_state(state["rng"])
-            step, start_epoch, start_batch = state["step"], state["epoch"], state["batch"]
-            curve, epochs = state["curve"], state["epochs"]
-            epoch_acc.sums = state["epoch_sums"]
+    state, why = read_checkpoint(ckpt_path, inputs.run_key) if ckpt_path else (None, "")
+    if why and d.main:
+        Console(stderr=True).print(f"[yellow]train:[/] {escape(why)}", soft_wrap=True)
+    if state is not None:
+        drafter.load_state_dict(state["model"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        step, start_epoch, start_batch = state["step"], state["epoch"], state["batch"]
+        curve, epochs = state["curve"], state["epochs"]
+        epoch_acc.sums = state["epoch_sums"]
 
     def save_checkpoint(epoch: int, batch: int) -> None:
         if not (ckpt_path and d.main):
@@ -318,6 +378,7 @@ def train_drafter(
             "epochs": epochs,
             "epoch_sums": epoch_acc.sums,
         }
+        state["sha256"] = _digest(state)
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, ckpt_path)

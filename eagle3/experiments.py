@@ -1,0 +1,198 @@
+"""Experiments as rows: what `dvc exp show --json` or the MLflow tracking store holds about
+each run of the pipeline, reduced to the params, metrics and measuring machine that
+`eagle3 compare` and `eagle3 report` need. Both sources give the same rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eagle3.params import flatten
+
+# The facts (not numbers) of where a row was measured, per stage metrics file.
+DTYPE_KEYS = {"extract": "dtype", "train": "dtype", "speculative-eval": "dtype"}
+DTYPE_LABELS = {"extract": "extract", "train": "train", "speculative-eval": "eval"}
+TEXT_METRICS = ("dtype", "drafter_dtype", "machine")
+
+
+class ExperimentsError(ValueError):
+    """Bad input (no experiments, unknown names, an unreadable source): one line for the user."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    params: dict[str, Any]  # flat: "vocab.size" -> 8192
+    metrics: dict[str, Any]  # flat, every stage merged: "coverage", "acceptance_length_ci.lo"
+    machine: str | None = None  # where speculative-eval measured the speeds
+    dtypes: dict[str, str] = field(default_factory=dict)  # extract, train, eval, drafter
+
+    def number(self, key: str) -> float | None:
+        value = self.metrics.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        """The size actually used: vocab.size above the target's vocabulary becomes the full one."""
+        size = self.number("draft_vocab_size")
+        if size is None:
+            size = self.params.get("vocab.size")
+        return int(size) if isinstance(size, (int, float)) else None
+
+    @property
+    def measured_on(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+        """Speeds compare only between rows with equal machine and dtypes."""
+        return self.machine, tuple(sorted(self.dtypes.items()))
+
+
+def _stage_rows(stage_metrics: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], str | None, dict]:
+    """Merge per-stage metrics (pipeline order) into one flat dict, pulling out machine and dtypes."""
+    merged: dict[str, Any] = {}
+    dtypes: dict[str, str] = {}
+    machine = None
+    for stage, metrics in stage_metrics.items():
+        if stage in DTYPE_KEYS and metrics.get(DTYPE_KEYS[stage]):
+            dtypes[DTYPE_LABELS[stage]] = str(metrics[DTYPE_KEYS[stage]])
+        if stage == "speculative-eval":
+            machine = metrics.get("machine")
+            if metrics.get("drafter_dtype"):
+                dtypes["drafter"] = str(metrics["drafter_dtype"])
+        merged |= {k: v for k, v in flatten(metrics).items() if k not in TEXT_METRICS}
+    return merged, machine, dtypes
+
+
+def _from_dvc_state(name: str, state: dict[str, Any]) -> Experiment | None:
+    data = state.get("data") or {}
+    files = data.get("metrics") or {}
+    stage_metrics = {
+        Path(path).stem: (content.get("data") or {})
+        for path, content in files.items()
+        if isinstance(content, dict) and content.get("data")
+    }
+    if not stage_metrics:
+        return None  # queued, running or failed: nothing measured
+    params = (data.get("params") or {}).get("params.yaml", {}).get("data") or {}
+    metrics, machine, dtypes = _stage_rows(stage_metrics)
+    return Experiment(name, flatten(params), metrics, machine, dtypes)
+
+
+def from_dvc_json(shown: list[dict[str, Any]]) -> list[Experiment]:
+    """Rows of `dvc exp show --json`: each baseline commit, then its experiments (latest rev)."""
+    rows: list[Experiment] = []
+    for baseline in shown:
+        rev = baseline.get("rev") or ""
+        name = baseline.get("name") or ("workspace" if rev == "workspace" else rev[:7])
+        if row := _from_dvc_state(name, baseline):
+            rows.append(row)
+        for exp in baseline.get("experiments") or []:
+            revs = exp.get("revs") or []
+            if not revs:
+                continue
+            name = exp.get("name") or revs[0].get("name") or (revs[0].get("rev") or "")[:7]
+            if row := _from_dvc_state(name, revs[0]):
+                rows.append(row)
+    # the workspace usually repeats its baseline or an applied experiment: keep the named row
+    named = [(r.params, r.metrics) for r in rows if r.name != "workspace"]
+    return [r for r in rows if r.name != "workspace" or (r.params, r.metrics) not in named]
+
+
+def dvc_experiments(repo: str | Path = ".", all_commits: bool = False) -> list[Experiment]:
+    """Run `dvc exp show --json` in `repo` and read its rows."""
+    cmd = [sys.executable, "-m", "dvc", "exp", "show", "--json"] + (["--all-commits"] if all_commits else [])
+    done = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise ExperimentsError(f"`dvc exp show` failed in {repo}: {lines[-1] if lines else 'no output'}")
+    return from_dvc_json(json.loads(done.stdout or "[]"))
+
+
+def read_dvc_json(path: str | Path) -> list[Experiment]:
+    """Rows of a saved `dvc exp show --json > FILE`."""
+    try:
+        return from_dvc_json(json.loads(Path(path).read_text()))
+    except FileNotFoundError as err:
+        raise ExperimentsError(f"{path} does not exist") from err
+    except (json.JSONDecodeError, AttributeError, TypeError) as err:
+        raise ExperimentsError(f"{path} is not the output of `dvc exp show --json` ({err})") from err
+
+
+def _param_value(text: str) -> Any:
+    # MLflow keeps params as strings: str() of YAML scalars (None -> "None"), lists as JSON
+    if text == "None":
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def mlflow_experiments(uri: str, experiment: str) -> list[Experiment]:
+    """One row per MLflow run of `experiment` (oldest first); a DVC experiment re-run keeps its last run."""
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ExperimentsError(f"no MLflow experiment '{experiment}' in {uri}: run the pipeline first")
+    runs = client.search_runs([found.experiment_id], order_by=["attributes.start_time ASC"])
+    rows: dict[str, Experiment] = {}
+    for run in runs:
+        tags = run.data.tags
+        dtypes = {
+            label: tags[tag]
+            for label, tag in (
+                ("extract", "extract.dtype"),
+                ("train", "train.dtype"),
+                ("eval", "eval.dtype"),
+                ("drafter", "eval.drafter_dtype"),
+            )
+            if tags.get(tag)
+        }
+        params = {k: _param_value(v) for k, v in run.data.params.items()}
+        name = run.info.run_name or run.info.run_id[:8]
+        rows[name] = Experiment(name, params, dict(run.data.metrics), tags.get("eval.machine"), dtypes)
+    return list(rows.values())
+
+
+def select(experiments: list[Experiment], names: list[str] | None, source: str) -> list[Experiment]:
+    """The named experiments (all when none are named); an unknown name or no rows is an error."""
+    if not experiments:
+        raise ExperimentsError(
+            f"no experiments with metrics in {source}: run `dvc repro` or `dvc exp run` first"
+        )
+    if not names:
+        return experiments
+    known = {e.name: e for e in experiments}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ExperimentsError(
+            f"unknown experiment{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"in {source} (known: {', '.join(known)})"
+        )
+    return [known[n] for n in names]
+
+
+def load_experiments(
+    source: str = "dvc",
+    json_file: str | None = None,
+    all_commits: bool = False,
+    params_file: str = "params.yaml",
+) -> tuple[list[Experiment], str]:
+    """Rows from `dvc exp show --json` (run here, or a saved FILE) or from the MLflow store that
+    params.yaml's tracking section names; also says where they came from, for messages."""
+    if json_file:
+        return read_dvc_json(json_file), json_file
+    if source == "mlflow":
+        from eagle3.params import load_params  # noqa: PLC0415
+        from eagle3.tracking import tracking_uri  # noqa: PLC0415
+
+        params = load_params(params_file)
+        uri = tracking_uri(params)
+        return mlflow_experiments(uri, params.tracking.experiment), f"MLflow ({uri})"
+    return dvc_experiments(".", all_commits), "`dvc exp show`"

@@ -1,0 +1,218 @@
+"""`eagle3 report`: a draft-vocabulary sweep turned into an answer. Four plots against the
+draft vocabulary size (coverage, acceptance length, draft step time, speedup), the best size
+marked, and one paragraph saying where coverage stops paying for draft cost; written as
+markdown with PNGs beside it and as one HTML file with the PNGs inside (no network needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3.experiments import Experiment
+
+PLOTS = (
+    ("coverage", "coverage", "Coverage of loss-masked tokens"),
+    ("acceptance_length", "acceptance length", "Acceptance length (95% CI over prompts)"),
+    ("draft_ms_per_step", "draft ms per step", "Draft step time"),
+    ("speedup", "speedup vs plain greedy", "Speedup (95% CI over prompts)"),
+)
+TABLE = (
+    ("experiment", lambda e: e.name),
+    ("size", lambda e: str(e.draft_vocab_size)),
+    ("coverage", lambda e: _fmt(e.number("coverage"), ".4f")),
+    ("lm_head params", lambda e: _fmt(e.number("lm_head_params"), ",.0f")),
+    ("acceptance length [95% CI]", lambda e: _ci(e, "acceptance_length")),
+    ("acceptance rate", lambda e: _fmt(e.number("acceptance_rate"), ".3f")),
+    ("draft ms/step", lambda e: _fmt(e.number("draft_ms_per_step"), ".2f")),
+    ("tok/s", lambda e: _fmt(e.number("tokens_per_s"), ".2f")),
+    ("speedup [95% CI]", lambda e: _ci(e, "speedup")),
+    ("prompt lookup speedup", lambda e: _fmt(e.number("prompt_lookup_speedup"), ".2f")),
+)
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _ci(e: Experiment, key: str) -> str:
+    value, lo, hi = e.number(key), e.number(f"{key}_ci.lo"), e.number(f"{key}_ci.hi")
+    if value is None or lo is None or hi is None:
+        return _fmt(value, ".2f")
+    return f"{value:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    best: Experiment | None  # the fastest size on the reference machine; None without speed figures
+    compared: list[Experiment]  # the rows the verdict compares: one machine, one set of dtypes
+    paragraph: str
+
+
+def sweep_rows(experiments: list[Experiment]) -> list[Experiment]:
+    """Rows with a draft size, smallest first (a size above the target's vocabulary counts as full)."""
+    rows = [e for e in experiments if e.draft_vocab_size is not None]
+    return sorted(rows, key=lambda e: (e.draft_vocab_size, e.name))
+
+
+def _overlaps(a: Experiment, b: Experiment) -> bool:
+    a_lo, a_hi, b_lo, b_hi = (e.number(f"speedup_ci.{end}") for e in (a, b) for end in ("lo", "hi"))
+    return None not in (a_lo, a_hi, b_lo, b_hi) and a_lo <= b_hi and b_lo <= a_hi
+
+
+def verdict(experiments: list[Experiment]) -> Verdict:
+    """Pick the size with the highest speedup and say why, from rows measured alike only."""
+    rows = [e for e in sweep_rows(experiments) if e.number("speedup") is not None and e.machine]
+    if not rows:
+        return Verdict(None, [], "No experiment has a speculative-eval result yet, so no size can be chosen.")
+    reference = Counter(e.measured_on for e in rows).most_common(1)[0][0]
+    rows = [e for e in rows if e.measured_on == reference]
+    best = max(rows, key=lambda e: e.number("speedup"))
+    first, last = rows[0], rows[-1]
+    k = best.draft_vocab_size
+
+    def facts(e: Experiment) -> str:
+        return (
+            f"coverage {_fmt(e.number('coverage'), '.2%')}, "
+            f"acceptance length {_fmt(e.number('acceptance_length'), '.2f')}, "
+            f"draft step {_fmt(e.number('draft_ms_per_step'), '.2f')} ms"
+        )
+
+    text = [f"Speedup peaks at a draft vocabulary of {k:,} tokens ({_ci(best, 'speedup')}x, {best.name})."]
+    if len({e.draft_vocab_size for e in rows}) == 1:
+        text.append("Only one size was measured, so nothing is compared; sweep vocab.size to decide.")
+    elif best is last:
+        text.append(
+            f"It is the largest size tried: from {first.draft_vocab_size:,} ({facts(first)}) to {k:,} "
+            f"({facts(best)}) coverage kept paying for its draft cost; try larger sizes."
+        )
+    elif best is first:
+        text.append(
+            f"It is the smallest size tried: larger vocabularies raised coverage up to "
+            f"{_fmt(last.number('coverage'), '.2%')} ({last.draft_vocab_size:,}), but the acceptance they "
+            f"bought never paid for the slower draft step ({facts(last)})."
+        )
+    else:
+        text.append(
+            f"Up to {k:,}, coverage pays: from {first.draft_vocab_size:,} ({facts(first)}) to {k:,} "
+            f"({facts(best)}). Beyond it coverage stops paying for draft cost: at {last.draft_vocab_size:,} "
+            f"({facts(last)}) speedup is {_ci(last, 'speedup')}x."
+        )
+    ties = [e.name for e in rows if e is not best and _overlaps(e, best)]
+    if ties:
+        text.append(
+            f"The speedup intervals of {', '.join(ties)} overlap the best one's: this many prompts "
+            "cannot tell them apart (raise eval.num_prompts)."
+        )
+    others = len(sweep_rows(experiments)) - len(rows)
+    machine, dtypes = reference
+    text.append(
+        f"Speeds were measured on {machine} ({', '.join(f'{k} {v}' for k, v in dtypes) or 'dtypes unknown'})"
+        + (f"; {others} row(s) measured elsewhere or without speeds are left out." if others else ".")
+    )
+    return Verdict(best, rows, " ".join(text))
+
+
+def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> list[Path]:
+    """One PNG per metric against size; the best size is marked in each."""
+    import matplotlib  # noqa: PLC0415 - slow import
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = verdict_.compared or sweep_rows(experiments)
+    paths = []
+    for key, label, title in PLOTS:
+        points = [(e.draft_vocab_size, e) for e in rows if e.number(key) is not None]
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+        if points:
+            xs = [x for x, _ in points]
+            ys = [e.number(key) for _, e in points]
+            lo = [e.number(f"{key}_ci.lo") for _, e in points]
+            hi = [e.number(f"{key}_ci.hi") for _, e in points]
+            if all(v is not None for v in lo + hi):
+                below = [y - low for y, low in zip(ys, lo, strict=True)]
+                err = [below, [h - y for y, h in zip(ys, hi, strict=True)]]
+                ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label="drafter")
+            else:
+                ax.plot(xs, ys, "o-", label="drafter")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(set(xs)), [f"{x:,}" for x in sorted(set(xs))], rotation=30)
+            if key == "speedup":  # break-even, and the peer a drafter has to beat
+                ax.axhline(1.0, color="grey", linestyle=":", label="plain greedy")
+                peer = [(x, e.number("prompt_lookup_speedup")) for x, e in points]
+                peer = [(x, y) for x, y in peer if y is not None]
+                if peer:
+                    ax.plot(*zip(*peer, strict=True), "s--", color="grey", label="prompt lookup")
+                ax.legend(loc="best")
+            best = verdict_.best
+            if best is not None and best.number(key) is not None:
+                ax.plot([best.draft_vocab_size], [best.number(key)], "r*", markersize=14, label="best size")
+                ax.legend(loc="best")
+        ax.set_xlabel("draft vocabulary size")
+        ax.set_ylabel(label)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        path = out / f"{key}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _machines(experiments: list[Experiment]) -> list[tuple[str, list[str]]]:
+    by_machine: dict[str, list[str]] = {}
+    for e in experiments:
+        by_machine.setdefault(e.machine or "not measured", []).append(e.name)
+    return list(by_machine.items())
+
+
+def _markdown(experiments: list[Experiment], verdict_: Verdict, plots: list[Path]) -> str:
+    header = [label for label, _ in TABLE]
+    lines = ["# Draft vocabulary sweep", "", verdict_.paragraph, ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(get(e) for _, get in TABLE) + " |" for e in sweep_rows(experiments)]
+    lines += ["", "Measured on:", ""] + [f"- {m}: {', '.join(names)}" for m, names in _machines(experiments)]
+    lines.append("")
+    for path, (_, _, title) in zip(plots, PLOTS, strict=True):
+        lines += [f"![{title}]({path.name})", ""]
+    return "\n".join(lines)
+
+
+def _html(experiments: list[Experiment], verdict_: Verdict, plots: list[Path]) -> str:
+    head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in TABLE)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(get(e))}</td>" for _, get in TABLE) + "</tr>"
+        for e in sweep_rows(experiments)
+    )
+    images = "".join(
+        f'<img alt="{html.escape(title)}" src="data:image/png;base64,'
+        f'{base64.b64encode(path.read_bytes()).decode()}">'
+        for path, (_, _, title) in zip(plots, PLOTS, strict=True)
+    )
+    machines = "".join(
+        f"<li>{html.escape(m)}: {html.escape(', '.join(names))}</li>" for m, names in _machines(experiments)
+    )
+    style = "body{font-family:sans-serif;max-width:72em;margin:2em auto}td,th{padding:2px 8px}"
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Draft vocabulary sweep</title>"
+        f"<style>{style}</style></head><body><h1>Draft vocabulary sweep</h1>"
+        f"<p>{html.escape(verdict_.paragraph)}</p><table><tr>{head}</tr>{body}</table>"
+        f"<p>Measured on:</p><ul>{machines}</ul>{images}</body></html>\n"
+    )
+
+
+def write_report(experiments: list[Experiment], out: str | Path) -> tuple[Verdict, list[Path]]:
+    """report.md (+ PNGs) and report.html (PNGs embedded) under `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    verdict_ = verdict(experiments)
+    plots = write_plots(experiments, verdict_, out)
+    md, page = out / "report.md", out / "report.html"
+    md.write_text(_markdown(experiments, verdict_, plots))
+    page.write_text(_html(experiments, verdict_, plots))
+    return verdict_, [md, page, *plots]

@@ -1,0 +1,68 @@
+"""`eagle3 serve-command`: the exact commands that serve the target with the trained drafter.
+
+Draft shape comes from the eval params, which the speculative-eval stage measured:
+  chain (eval.k drafts, one per step): SGLang --speculative-num-steps k --speculative-eagle-topk 1
+      --speculative-num-draft-tokens k + 1 (the drafts plus the token they extend);
+  tree (depth eval.k, eval.topk children, eval.tree_budget drafts): steps k, topk, budget + 1.
+vLLM's EAGLE-3 drafts a chain of `num_speculative_tokens`, so it gets k in both modes.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from eagle3.params import Params
+from eagle3.target.load import resolve_target
+
+DEFAULT_DRAFTER = Path("artifacts/train/drafter")
+
+
+def drafter_folder(params: Params, drafter: str | None = None) -> Path:
+    """The drafter to serve: the argument, else eval.drafter, else the train stage's."""
+    folder = Path(drafter or params.eval.drafter or DEFAULT_DRAFTER)
+    config = folder / "config.json"
+    if not config.exists():
+        raise FileNotFoundError(
+            f"{config} is missing: train a drafter first (dvc repro) or pass --drafter DIR"
+        )
+    architectures = json.loads(config.read_text()).get("architectures", [])
+    if architectures != ["LlamaForCausalLMEagle3"]:
+        raise ValueError(f"{config}: architectures is {architectures}, not an EAGLE-3 drafter export")
+    return folder.resolve()
+
+
+def draft_shape(params: Params) -> tuple[int, int, int]:
+    """(num_steps, topk, num_draft_tokens) for SGLang from the eval params."""
+    ev = params.eval
+    if ev.mode == "tree":
+        return ev.k, ev.topk, ev.tree_budget + 1
+    return ev.k, 1, ev.k + 1
+
+
+def serve_commands(
+    params: Params, drafter: str | None = None, tp: int = 1, port: int = 30000
+) -> dict[str, str]:
+    """{"sglang": command, "vllm": command, "notes": lines} for the current artifacts."""
+    if tp < 1:
+        raise ValueError(f"--tp must be >= 1 (got {tp})")
+    folder = str(drafter_folder(params, drafter))
+    target = resolve_target(params.target.source)
+    steps, topk, draft_tokens = draft_shape(params)
+    sglang = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(tp)]
+    sglang += ["--port", str(port), "--speculative-algorithm", "EAGLE3"]
+    sglang += ["--speculative-draft-model-path", folder, "--speculative-num-steps", str(steps)]
+    sglang += ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(draft_tokens)]
+    spec = {"method": "eagle3", "model": folder, "num_speculative_tokens": params.eval.k}
+    vllm = ["vllm", "serve", target, "--tensor-parallel-size", str(tp), "--port", str(port)]
+    vllm += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    notes = []
+    if params.eval.k > params.train.ttt_length:
+        notes.append(
+            f"eval.k ({params.eval.k}) exceeds train.ttt_length ({params.train.ttt_length}): "
+            "draft positions past the unroll length were never trained"
+        )
+    if params.eval.mode == "tree":
+        notes.append("vLLM drafts a chain of num_speculative_tokens; the tree shape applies to SGLang only")
+    return {"sglang": shlex.join(sglang), "vllm": shlex.join(vllm), "notes": "\n".join(notes)}

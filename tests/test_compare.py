@@ -1,0 +1,94 @@
+"""`eagle3 compare` / `eagle3 report` on rows of known numbers: machines are told apart, the
+table fits 80 columns, the best size and its reasoning follow the numbers, bad input is one line.
+(tests/test_report_sweep.py runs the same commands on a real queued sweep.)"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from eagle3.cli import main
+from eagle3.compare import comparison
+from eagle3.experiments import Experiment, ExperimentsError, select
+from eagle3.report import verdict, write_report
+
+ZEN3 = "AMD EPYC, 2 cores, no native bf16, torch 2.13.0+cpu, 2 threads"
+FP32 = {"extract": "float32", "train": "float32", "eval": "float32", "drafter": "bfloat16"}
+
+
+def row(name: str, size: int, coverage: float, accept: float, draft_ms: float, speedup: float, machine=ZEN3):
+    metrics = {
+        "draft_vocab_size": size,
+        "coverage": coverage,
+        "lm_head_params": size * 576,
+        "acceptance_length": accept,
+        "acceptance_length_ci.lo": accept - 0.04,
+        "acceptance_length_ci.hi": accept + 0.04,
+        "acceptance_rate": accept - 1,
+        "draft_ms_per_step": draft_ms,
+        "tokens_per_s": 10 * speedup,
+        "speedup": speedup,
+        "speedup_ci.lo": speedup - 0.01,
+        "speedup_ci.hi": speedup + 0.01,
+        "prompt_lookup_speedup": 1.13,
+    }
+    return Experiment(name, {"vocab.size": size}, metrics, machine, FP32)
+
+
+SWEEP = [
+    row("tiny-vocab", 4096, 0.94, 1.20, 3.1, 1.00),
+    row("mid-vocab", 16384, 0.985, 1.27, 6.0, 1.05),
+    row("full-vocab", 49152, 1.0, 1.28, 14.0, 0.96),
+]
+
+
+def render(rows: list[Experiment]) -> str:
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(comparison(rows))
+    return console.export_text()
+
+
+def test_table_fits_80_columns_and_marks_rows_from_another_machine():
+    other = row("zen4-run", 8192, 0.97, 1.25, 2.0, 1.4, machine="AMD EPYC 9B14, 2 cores, AVX512-BF16")
+    text = render(SWEEP + [other])
+    assert max(map(len, text.splitlines())) <= 80
+    for name in ("tiny-vocab", "mid-vocab", "full-vocab", "zen4-run"):
+        assert name in text
+    assert "1.27 [1.23,1.31]" in text and "9.4M" in text  # acceptance interval, lm_head params
+    assert f"A: {ZEN3}" in text and "B: AMD EPYC 9B14" in text
+    assert "measured on 2 different machines" in text
+    assert "different machines" not in render(SWEEP)
+
+
+def test_verdict_picks_the_fastest_size_and_says_where_coverage_stops_paying(tmp_path):
+    found = verdict(SWEEP)
+    assert found.best.name == "mid-vocab"
+    assert "Speedup peaks at a draft vocabulary of 16,384 tokens" in found.paragraph
+    assert "coverage stops paying for draft cost: at 49,152" in found.paragraph
+    # a faster row from another machine does not win: its speed does not compare
+    fast_elsewhere = row("zen4-run", 8192, 0.97, 1.25, 2.0, 3.0, machine="another machine")
+    assert verdict(SWEEP + [fast_elsewhere]).best.name == "mid-vocab"
+
+    result, files = write_report(SWEEP, tmp_path / "report")
+    names = {f.name for f in files}
+    assert {"report.md", "report.html", "coverage.png", "speedup.png"} <= names
+    assert result.paragraph in (tmp_path / "report" / "report.md").read_text()
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert 'src="data:image/png;base64,' in page and 'src="http' not in page  # offline: nothing fetched
+
+
+def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    with pytest.raises(ExperimentsError, match="no experiments with metrics"):
+        select([], None, "`dvc exp show`")
+    with pytest.raises(ExperimentsError, match=r"unknown experiment 'nope' in x \(known: tiny-vocab"):
+        select(SWEEP, ["nope"], "x")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shown.json").write_text("[]")
+    assert main(["compare", "--json", "shown.json"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: no experiments with metrics in shown.json: run `dvc repro` or `dvc exp run` first"
+    )
+    assert main(["report", "--json", "missing.json"]) == 2
+    assert "missing.json does not exist" in capsys.readouterr().err

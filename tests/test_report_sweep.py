@@ -1,0 +1,100 @@
+"""A draft-vocabulary sweep end to end on real DVC, real MLflow and the real SmolLM2 at tiny
+sizes: `dvc exp run --queue -S vocab.size=A,B` run by two queue workers at once re-uses the one
+extraction, lands as one MLflow run per experiment named after it, and `eagle3 compare` and
+`eagle3 report` read the result (from DVC and from MLflow)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+from test_pipeline import REPO, TINY, dvc, run, write_params
+
+# the smallest run of every stage: 1 epoch over 6 samples, 1 prompt x 8 new tokens
+SWEEP = TINY | {
+    "extract": TINY["extract"] | {"pack_weights": False},
+    "train": {"epochs": 1, "seq_len": 40, "batch_size": 2, "warmup_steps": 0, "dtype": "float32"},
+    "eval": {"num_prompts": 1, "max_new_tokens": 8, "dtype": "float32", "drafter_dtype": "float32"},
+}
+SIZES = (200, 400)
+
+
+def wait_for_queue(project: Path, timeout_s: float = 1200) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = dvc("queue", "status", cwd=project).stdout
+        if not any(state in status for state in ("Queued", "Running")):
+            return status
+        time.sleep(10)
+    raise AssertionError(f"queue still busy after {timeout_s:.0f} s:\n{status}")
+
+
+def eagle3(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    # the project's own copy of the package, as its stages use it; 80 columns like a small terminal
+    return run(["env", "COLUMNS=80", sys.executable, "-m", "eagle3.cli", *args], cwd, check=False)
+
+
+def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("eagle3", "stages"):
+        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dvc.yaml", project)
+    shutil.copy(REPO / ".gitignore", project)
+    write_params(project, SWEEP)
+    run(["git", "init", "-q"], project)
+    run(["git", "config", "user.email", "ci@example.com"], project)
+    run(["git", "config", "user.name", "ci"], project)
+    dvc("init", "-q", cwd=project)
+    dvc("config", "core.analytics", "false", cwd=project)
+    dvc("repro", "extract", cwd=project)  # the one extraction every sweep point re-uses
+    run(["git", "add", "-A"], project)
+    run(["git", "commit", "-qm", "baseline: features extracted"], project)
+
+    queued = dvc("exp", "run", "--queue", "-S", f"vocab.size={','.join(map(str, SIZES))}", cwd=project)
+    assert queued.stdout.count("Queued experiment") == len(SIZES)
+    dvc("queue", "start", "-j", "2", cwd=project)
+    try:
+        status = wait_for_queue(project)
+    finally:
+        dvc("queue", "stop", cwd=project)  # an idle worker can outlive the queue
+    assert status.count("Success") == len(SIZES), status
+
+    mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    # extraction ran once, in the baseline's `dvc repro`; no sweep point ran it again
+    extracted = [r for r in runs if "eagle3.stage.extract" in r.data.tags]
+    assert len(extracted) == 1 and "DVC_EXP_NAME" not in extracted[0].data.tags
+    sweep = [r for r in runs if r.data.tags.get("DVC_EXP_NAME")]
+    assert len(sweep) == len(SIZES) and len({r.info.experiment_id for r in runs}) == 1
+    assert sorted(int(r.data.params["vocab.size"]) for r in sweep) == list(SIZES)
+    for r in sweep:
+        assert r.info.run_name == r.data.tags["DVC_EXP_NAME"]
+        assert "eagle3.stage.extract" not in r.data.tags and "eagle3.stage.speculative-eval" in r.data.tags
+        assert {"coverage", "acceptance_rate", "tokens_per_s", "speedup"} <= set(r.data.metrics)
+        assert r.data.metrics["draft_vocab_size"] == int(r.data.params["vocab.size"])  # not mixed up
+    first, second = sorted(sweep, key=lambda r: r.info.start_time)
+    assert second.info.start_time < first.info.end_time  # two workers really ran them together
+    names = [r.info.run_name for r in sweep]
+
+    for source in ("dvc", "mlflow"):
+        shown = eagle3("compare", "--source", source, cwd=project)
+        assert shown.returncode == 0, shown.stderr
+        assert all(name in shown.stdout for name in names) and "coverage" in shown.stdout
+        assert max(map(len, shown.stdout.splitlines())) <= 80
+    unknown = eagle3("compare", "no-such-exp", cwd=project)
+    assert unknown.returncode == 2 and "unknown experiment 'no-such-exp'" in unknown.stderr
+
+    reported = eagle3("report", *names, "--out", "report", cwd=project)
+    assert reported.returncode == 0, reported.stderr
+    out = project / "report"
+    markdown = (out / "report.md").read_text()
+    assert all(name in markdown for name in names) and "Speedup peaks at a draft vocabulary of" in markdown
+    for plot in ("coverage", "acceptance_length", "draft_ms_per_step", "speedup"):
+        assert (out / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({plot}.png)" in markdown
+    assert "data:image/png;base64," in (out / "report.html").read_text()

@@ -1,0 +1,530 @@
+"""The SGLang backend against real recorded SGLang 0.5.23 responses (tests/fixtures/sglang):
+parsing and position alignment, prefix-cache hits, agreement with the HF reference files,
+server checks, shards identical in format to the hf backend's, self-distillation, and the
+patch-check and extract stages run against local replay servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from eagle3.data.extract import extract_features, run_extraction
+from eagle3.data.sglang_extract import check_inputs, eos_ids, sglang_group_fn
+from eagle3.data.store import FEATURE_KEYS, MANIFEST, FeatureStore
+from eagle3.params import ParamsError, parse_params
+from eagle3.target.load import resolve_target
+from eagle3.target.patch_check import PatchCheckError, fingerprint
+from eagle3.target.sglang_check import (
+    CHECK_CONVERSATIONS,
+    MIN_MEAN_COSINE,
+    MIN_ROW_COSINE,
+    agreement,
+    check_pools,
+    run_sglang_patch_check,
+    sglang_fingerprint,
+)
+from eagle3.target.sglang_client import ServerPool
+from eagle3.target.sglang_engine import check_server_args, layer_id_rule
+from eagle3.target.sglang_rows import PartialPrefillError, parse_rows, prefill_body, request_rows
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
+REPO = Path(__file__).resolve().parents[1]
+AUX = [1, 14, 26]
+H = 576
+NAMES = [f"layer_{layer}" for layer in AUX]
+LLAMA = layer_id_rule("LlamaForCausalLM")
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def reference(n: int) -> dict[str, torch.Tensor]:
+    return load_file(FIXTURES / f"hf_ref_{n:02d}.safetensors")
+
+
+def server_info(mode: str) -> dict:
+    """/get_server_info as the recorded server's log shows it (constructed: see fixtures README)."""
+    aux = mode == "aux"
+    return {
+        "version": "0.5.23",
+        "model_path": "model",
+        "dtype": "bfloat16",
+        "quantization": None,
+        "kv_cache_dtype": "auto",
+        "tp_size": 1,
+        "enable_return_hidden_states": True,
+        "enable_return_aux_hidden_states": aux,
+        "return_aux_hidden_state_layer_ids": AUX if aux else None,
+        "disable_radix_cache": False,
+    }
+
+
+class Replay(ThreadingHTTPServer):
+    """A local SGLang stand-in answering with the recorded responses (aux mode) or rows built
+    from the HF reference's final_norm (plain mode, constructed)."""
+
+    def __init__(self, mode: str, cache_hit_first: bool = False, always_hit: bool = False):
+        super().__init__(("127.0.0.1", 0), ReplayHandler)
+        self.mode, self.info, self.flushes, self.requests = mode, server_info(mode), 0, []
+        self.recorded = {}
+        for n in range(1, 5):
+            req = fixture(f"req_{n:02d}.json")
+            key = (tuple(req["input_ids"]), req["sampling_params"]["max_new_tokens"])
+            self.recorded[key] = fixture(f"resp_{n:02d}.json")
+        self.hit = {tuple(fixture("req_05.json")["input_ids"])} if cache_hit_first or always_hit else set()
+        self.always_hit = always_hit
+        self.references = [reference(n) for n in range(1, 5)]
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def answer(self, body: dict) -> dict | None:
+        ids = tuple(body["input_ids"])
+        if self.mode == "final":
+            for ref in self.references:
+                if ids == tuple(ref["input_ids"][: len(ids)].tolist()):
+                    rows = ref["final_norm"][: len(ids)].to(torch.bfloat16).float()
+                    meta = {"prompt_tokens": len(ids), "cached_tokens": 0, "hidden_states": [rows.tolist()]}
+                    return {"text": "", "output_ids": [0], "meta_info": meta}
+            return None
+        if ids in self.hit:
+            return fixture("resp_05.json")
+        return self.recorded.get((ids, body["sampling_params"]["max_new_tokens"]))
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class ReplayHandler(BaseHTTPRequestHandler):
+    server: Replay
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def reply(self, code: int, payload: bytes, kind: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        if self.path == "/get_server_info":
+            self.reply(200, json.dumps(self.server.info).encode())
+        else:
+            self.reply(404, b'{"error": "not found"}')
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        if self.path == "/flush_cache":
+            self.server.flushes += 1
+            if not self.server.always_hit:
+                self.server.hit.clear()
+            self.reply(200, b"Cache flushed.", "text/plain")
+            return
+        self.server.requests.append(body)
+        response = self.server.answer(body)
+        if response is None:
+            self.reply(400, b'{"error": "no recorded response for this request"}')
+        else:
+            self.reply(200, json.dumps(response).encode())
+
+
+@pytest.fixture
+def servers():
+    aux, final = Replay("aux", cache_hit_first=True), Replay("final")
+    yield aux, final
+    aux.close()
+    final.close()
+
+
+# --- parsing and alignment -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_prefill_rows_cover_every_position_and_agree_with_hf(n):
+    rows = parse_rows(
+        fixture(f"resp_{n:02d}.json"), len(fixture(f"req_{n:02d}.json")["input_ids"]), 3 * H, "aux"
+    )
+    ref = reference(n)
+    assert rows.prefill.shape == (len(ref["input_ids"]), 3 * H) and len(rows.decode) == 0
+    assert torch.equal(rows.prefill.to(torch.bfloat16).float(), rows.prefill)  # stored as bf16 losslessly
+    for name, score in agreement(rows.prefill, ref, NAMES).items():
+        assert score["min_cosine"] >= MIN_ROW_COSINE and score["mean_cosine"] >= MIN_MEAN_COSINE, name
+
+
+def test_decode_rows_follow_the_prefill_at_the_fed_positions():
+    rows = parse_rows(fixture("resp_04.json"), 37, 3 * H, "aux")
+    ref = reference(4)  # prompt + the first 15 generated tokens
+    assert rows.output_ids[:15] == ref["input_ids"][37:].tolist() and len(rows.decode) == 15
+    aligned = agreement(torch.cat([rows.prefill, rows.decode]), ref, NAMES)
+    assert min(s["min_cosine"] for s in aligned.values()) >= MIN_ROW_COSINE
+    # one position off (the classic decode-step mistake) is far outside the tolerance
+    shifted = agreement(
+        torch.cat([rows.prefill, rows.decode])[1:], {k: v[:-1] for k, v in ref.items()}, NAMES
+    )
+    assert min(s["min_cosine"] for s in shifted.values()) < 0.9
+
+
+def test_a_prefix_cache_hit_is_detected_not_stored_short():
+    with pytest.raises(PartialPrefillError, match="rows for 18 of 61 prompt positions"):
+        parse_rows(fixture("resp_05.json"), 61, 3 * H, "aux")
+    # the 18 rows are right, just not all: they match HF positions 43..60
+    rows = torch.tensor(fixture("resp_05.json")["meta_info"]["hidden_states"][0])
+    part = agreement(rows, {k: v[43:] for k, v in reference(1).items()}, NAMES)
+    assert min(s["min_cosine"] for s in part.values()) >= MIN_ROW_COSINE
+
+
+def test_wrong_width_names_the_layer_flag():
+    with pytest.raises(RuntimeError, match=r"shape \[61, 1728\], expected \[n, 576\]"):
+        parse_rows(fixture("resp_01.json"), 61, H, "final-norm rows")
+
+
+def test_cache_hit_is_flushed_and_re_requested(servers):
+    aux, _ = servers
+    rows = request_rows(
+        ServerPool([aux.url]), prefill_body(fixture("req_01.json")["input_ids"]), 3 * H, "aux"
+    )
+    assert rows.prefill.shape == (61, 3 * H) and aux.flushes == 1
+
+
+def test_a_cache_that_keeps_hitting_is_an_error():
+    aux = Replay("aux", always_hit=True)
+    try:
+        with pytest.raises(PartialPrefillError, match="--disable-radix-cache"):
+            request_rows(
+                ServerPool([aux.url]), prefill_body(fixture("req_01.json")["input_ids"]), 3 * H, "aux"
+            )
+    finally:
+        aux.close()
+
+
+# --- server checks and the layer-id rule -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "mode", "message"),
+    [
+        ({"version": "0.4.9"}, "aux", "runs SGLang 0.4.9; supported: 0.5.23"),
+        ({"return_aux_hidden_state_layer_ids": [2, 15, 27]}, "aux", "captures layers [2, 15, 27]"),
+        ({"enable_return_aux_hidden_states": False}, "aux", "needs --enable-return-aux-hidden-states"),
+        ({"enable_return_aux_hidden_states": True}, "final", "launch it without --enable-return-aux"),
+        ({"enable_return_hidden_states": False}, "final", "without --enable-return-hidden-states"),
+    ],
+)
+def test_server_args_are_checked(change, mode, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_server_args("http://s", server_info(mode) | change, mode, AUX, LLAMA)
+
+
+def test_deepseek_and_kimi_refuse_two_batch_overlap():
+    for architecture in ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"):
+        rule = layer_id_rule(architecture)
+        info = server_info("aux") | {"enable_two_batch_overlap": True}
+        with pytest.raises(ValueError, match="first_k_dense_replace"):
+            check_server_args("http://s", info, "aux", AUX, rule)
+    with pytest.raises(ValueError, match="no SGLang layer-id rule"):
+        layer_id_rule("MysteryForCausalLM")
+
+
+def test_pools_must_agree(servers):
+    aux, final = servers
+    aux_args, final_args = check_pools(ServerPool([aux.url]), ServerPool([final.url]), AUX, LLAMA)
+    assert aux_args["version"] == "0.5.23" and aux_args["return_aux_hidden_state_layer_ids"] == AUX
+    other = Replay("aux")
+    other.info["tp_size"] = 2
+    try:
+        with pytest.raises(ValueError, match="differ in tp_size"):
+            check_pools(ServerPool([aux.url, other.url]), ServerPool([final.url]), AUX, LLAMA)
+    finally:
+        other.close()
+
+
+def test_params_list_servers_and_refuse_what_cannot_run():
+    params = parse_params(
+        {
+            "extract": {
+                "backend": "sglang",
+                "sglang_url": ["http://a:1", "http://b:1"],
+                "sglang_final_url": "http://c:1",
+            }
+        }
+    )
+    assert params.extract.sglang_urls() == (["http://a:1", "http://b:1"], ["http://c:1"])
+    with pytest.raises(ParamsError, match="sglang_final_url"):
+        parse_params({"extract": {"backend": "sglang", "sglang_url": "http://a:1"}})
+    with pytest.raises(ParamsError, match="must start with http"):
+        parse_params({"extract": {"sglang_url": "a:1"}})
+    with pytest.raises(ParamsError, match="eval.backend"):
+        parse_params({"eval": {"backend": "sglang"}})
+
+
+# --- patch-check ---------------------------------------------------------------------------
+
+
+def recorded_reference(ids: list[int]) -> dict[str, torch.Tensor]:
+    """The HF reference files, looked up by input ids."""
+    for n in range(1, 5):
+        ref = reference(n)
+        if ref["input_ids"].tolist() == ids:
+            return ref
+    raise KeyError("no HF reference file for these ids")
+
+
+def test_patch_check_agrees_with_the_hf_reference_files(servers, smollm2):
+    aux, final = servers
+    inputs, prompt = check_inputs(smollm2.tokenizer, chat=True)
+    assert inputs == [fixture(f"req_{n:02d}.json")["input_ids"] for n in (1, 2, 3)]  # rendered as recorded
+    assert prompt == fixture("req_04.json")["input_ids"]
+    checks = run_sglang_patch_check(
+        ServerPool([aux.url]), ServerPool([final.url]), inputs, prompt, H, AUX, recorded_reference
+    )
+    assert [c["kind"] for c in checks] == ["prefill"] * 6 + ["generate"]
+    assert checks[-1]["tokens"] == 52
+
+
+def test_patch_check_fails_on_the_wrong_layers(servers, smollm2):
+    aux, final = servers
+    inputs, prompt = check_inputs(smollm2.tokenizer, chat=True)
+
+    def hf_index_as_layer_id(ids):  # the classic mistake: layer L read as HF hidden_states[L]
+        ref = dict(recorded_reference(ids))
+        ref["layer_14"], ref["layer_26"] = ref["layer_1"], ref["layer_14"]
+        return ref
+
+    with pytest.raises(PatchCheckError, match="layer_14: min cosine"):
+        run_sglang_patch_check(
+            ServerPool([aux.url]), ServerPool([final.url]), inputs, prompt, H, AUX, hf_index_as_layer_id
+        )
+
+
+# --- extraction ----------------------------------------------------------------------------
+
+
+def conversations_file(folder: Path) -> Path:
+    """The three recorded conversations as a JSONL data source."""
+    lines = [
+        json.dumps(
+            {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+        )
+        for user, answer in CHECK_CONVERSATIONS
+    ]
+    path = folder / "conversations.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny(data_file: Path, aux_url: str, final_url: str, **data) -> dict:
+    return {
+        "target": {"dtype": "float32"},
+        "data": {"source": str(data_file), "num_samples": 3, "max_length": 128, "seed": 0} | data,
+        "extract": {
+            "backend": "sglang",
+            "sglang_url": aux_url,
+            "sglang_final_url": final_url,
+            "shard_samples": 2,
+            "sglang_requests_in_flight": 4,
+        },
+        "tracking": {"enabled": False},
+    }
+
+
+def run_sglang(params, smollm2, out: Path, aux_url: str, final_url: str) -> dict:
+    path = resolve_target(params.target.source)
+    compute = sglang_group_fn(
+        ServerPool([aux_url]),
+        ServerPool([final_url]),
+        H,
+        params,
+        smollm2.tokenizer,
+        True,
+        eos_ids(path, smollm2.tokenizer),
+    )
+    fp = fingerprint(smollm2, AUX)
+    return run_extraction(smollm2.tokenizer, True, H, params, AUX, fp, out, compute)
+
+
+def test_sglang_shards_match_the_hf_backend_format(servers, smollm2, tmp_path):
+    aux, final = servers
+    params = parse_params(tiny(conversations_file(tmp_path), aux.url, final.url))
+    manifest = run_sglang(params, smollm2, tmp_path / "sglang", aux.url, final.url)
+    hf_params = params.model_copy(update={"extract": params.extract.model_copy(update={"backend": "hf"})})
+    hf_manifest = extract_features(smollm2, hf_params, AUX, fingerprint(smollm2, AUX), tmp_path / "hf")
+    assert sorted(p.name for p in (tmp_path / "sglang").iterdir()) == sorted(
+        p.name for p in (tmp_path / "hf").iterdir()
+    )
+    assert set(manifest) == set(hf_manifest) and manifest["num_tokens"] == hf_manifest["num_tokens"] == 183
+    assert manifest["bytes_per_token"] == hf_manifest["bytes_per_token"]
+    ours, theirs = FeatureStore(tmp_path / "sglang"), FeatureStore(tmp_path / "hf")
+    ours.verify()
+    for i in range(3):
+        a, b = ours.sample(i), theirs.sample(i)
+        for key in FEATURE_KEYS:
+            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+        for key in ("aux_hidden", "last_hidden"):  # SGLang bf16 vs HF float32 -> bf16
+            cos = torch.nn.functional.cosine_similarity(
+                a[key].float().view(len(a[key]), -1, H), b[key].float().view(len(b[key]), -1, H), dim=-1
+            )
+            assert cos.min() >= MIN_ROW_COSINE, key
+    assert torch.equal(ours.tokens()["input_ids"], theirs.tokens()["input_ids"])
+    assert aux.flushes == 1  # the recorded cache hit was caught and re-requested
+
+
+def test_self_distillation_through_sglang_takes_the_generations_own_rows(servers, smollm2, tmp_path):
+    aux, final = servers
+    data = conversations_file(tmp_path)
+    data.write_text(data.read_text().splitlines()[0] + "\n")  # the recorded generation's prompt
+    raw = tiny(data, aux.url, final.url, num_samples=1, regenerate=True, regenerate_max_new_tokens=16)
+    params = parse_params(raw)
+    run_sglang(params, smollm2, tmp_path / "sglang", aux.url, final.url)
+    sample = FeatureStore(tmp_path / "sglang").sample(0)
+    prompt = fixture("req_04.json")["input_ids"]
+    generated = fixture("resp_04.json")["output_ids"]  # EOS (2) at index 7; ignore_eos went on
+    assert aux.requests[0]["sampling_params"]["stop_token_ids"] == [2]
+    assert sample["input_ids"].tolist() == prompt + generated[:7]  # stops at EOS, last token not fed
+    assert sample["loss_mask"].tolist() == [0] * 37 + [1] * 7
+    ref = {k: v[:44] for k, v in reference(4).items()}
+    assert (
+        min(s["min_cosine"] for s in agreement(sample["aux_hidden"].float(), ref, NAMES).values())
+        >= MIN_ROW_COSINE
+    )
+    # the hf backend's own on-policy path makes the same tokens and mask
+    hf_params = params.model_copy(update={"extract": params.extract.model_copy(update={"backend": "hf"})})
+    extract_features(smollm2, hf_params, AUX, fingerprint(smollm2, AUX), tmp_path / "hf")
+    hf = FeatureStore(tmp_path / "hf").sample(0)
+    assert torch.equal(hf["input_ids"], sample["input_ids"]) and torch.equal(
+        hf["loss_mask"], sample["loss_mask"]
+    )
+
+
+def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path):
+    """The real stages as DVC runs them (python -m stages.<name>), pointed at the replay servers."""
+    aux, final = servers
+    project = tmp_path / "project"
+    for name in ("eagle3", "stages"):
+        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    raw = tiny(conversations_file(tmp_path), aux.url, final.url)
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+
+    def stage(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", f"stages.{name}"], cwd=project, env=env, capture_output=True, text=True
+        )
+
+    done = stage("patch_check")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((project / "artifacts/patch-check/report.json").read_text())
+    fp = report["fingerprint"]
+    assert (fp["engine"], fp["engine_version"], fp["dtype"], fp["layer_id_family"]) == (
+        "sglang",
+        "0.5.23",
+        "bfloat16",
+        "llama-like",
+    )
+    assert fp["server_args"]["return_aux_hidden_state_layer_ids"] == AUX
+    done = stage("extract")
+    assert done.returncode == 0, done.stderr
+    store = FeatureStore(project / "artifacts/extract")
+    store.verify()
+    assert len(store) == 3 and store.fingerprint == fp
+    assert json.loads((project / "artifacts/extract" / MANIFEST).read_text())["num_tokens"] == 183
+    # a relaunched server with other args is refused before any request
+    aux.info["tp_size"] = 2
+    done = stage("extract")
+    assert (
+        done.returncode == 1 and "tp_size: 1 -> 2" in done.stderr and "run patch-check again" in done.stderr
+    )
+
+
+def test_serve_command_matches_the_eval_params(tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(
+        yaml.safe_dump(
+            {"train": {"ttt_length": 3}, "eval": {"mode": "tree", "k": 3, "topk": 4, "tree_budget": 15}}
+        )
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle3.cli",
+            "serve-command",
+            "--params",
+            str(params_file),
+            "--drafter",
+            str(drafter),
+            "--tp",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    sglang = next(
+        line for line in done.stdout.splitlines() if line.startswith("python -m sglang.launch_server")
+    )
+    for flag in (
+        "--tp 8",
+        "--speculative-algorithm EAGLE3",
+        f"--speculative-draft-model-path {drafter}",
+        "--speculative-num-steps 3",
+        "--speculative-eagle-topk 4",
+        "--speculative-num-draft-tokens 16",
+    ):
+        assert flag in sglang, flag
+    vllm = next(line for line in done.stdout.splitlines() if line.startswith("vllm serve"))
+    assert (
+        '"method":"eagle3"' in vllm
+        and '"num_speculative_tokens":3' in vllm
+        and "--tensor-parallel-size 8" in vllm
+    )
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle3.cli",
+            "serve-command",
+            "--params",
+            str(params_file),
+            "--drafter",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert missing.returncode == 2 and "config.json is missing" in missing.stderr
+
+
+def test_sglang_fingerprint_replaces_the_engine(smollm2):
+    base = fingerprint(smollm2, AUX)
+    fp = sglang_fingerprint(base, server_info("aux") | {"version": "0.5.23"}, server_info("final"), LLAMA)
+    assert fp["engine"] == "sglang" and "torch_version" not in fp
+    assert {
+        k: fp[k] for k in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size")
+    } == {
+        k: base[k] for k in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size")
+    }
