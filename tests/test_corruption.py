@@ -234,10 +234,10 @@ def _largest_entry_offset(path: Path) -> int:
 
 
 def test_checkpoints_load_weights_only_and_damage_or_other_params_are_not_resumed(tmp_path, capsys):
-    from test_train import tiny_inputs, tiny_params  # noqa: PLC0415 - the tiny training setup
+    from test_train import interrupt_after, tiny_inputs, tiny_params  # noqa: PLC0415 - the tiny training setup
 
     inputs, p = tiny_inputs(tmp_path / "f"), tiny_params(epochs=1)
-    assert train_drafter(p, inputs, tmp_path / "cut", stop_after_steps=3, progress=False) is None
+    interrupt_after(p, inputs, tmp_path / "cut", steps=3)
     saved = tmp_path / "cut" / CHECKPOINT
     assert torch.load(saved, weights_only=True)["step"] == 2  # tensors and plain values only
 
@@ -255,7 +255,7 @@ def test_checkpoints_load_weights_only_and_damage_or_other_params_are_not_resume
         steps: list[int] = []
         capsys.readouterr()
         run = TrainInputs(**{**inputs.__dict__, "run_key": key})
-        out = train_drafter(p, run, folder, on_step=lambda row: steps.append(row["step"]), progress=False)
+        out = train_drafter(p, run, folder, on_step=lambda row: steps.append(row["step"]))
         return steps[0], " ".join(capsys.readouterr().err.split()), trainable_state(out.drafter)
 
     # another key trains the same params from scratch: the uninterrupted run's weights

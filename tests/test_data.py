@@ -3,14 +3,16 @@ the shard store, resume after interruption, and corruption detection."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
+from conftest import SHAREGPT_SAMPLE
 
 from eagle3.data.conversations import load_conversations, normalise, read_complete_records
 from eagle3.data.extract import extract_features
-from eagle3.data.render import render_conversation
+from eagle3.data.render import assistant_spans, render_conversation, render_prompt, user_turn
 from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore
 from eagle3.params import parse_params
 from eagle3.target.load import eos_token_ids
@@ -58,11 +60,38 @@ def test_loss_mask_covers_exactly_the_assistant_turns(smollm2):
     assert len(short.input_ids) == 10
 
 
+@pytest.mark.parametrize("chat", [True, False], ids=["chat-model", "base-model"])
+def test_training_and_eval_prompts_are_one_rendering(smollm2, chat):
+    """Self-distillation (extract, regenerate, the SGLang backend) and speculative-eval ask the
+    target the same thing: a user text gives the same ids on both paths, and those ids are what
+    the training conversation holds before its assistant turn. The base model (no chat template)
+    is SmolLM2's tokenizer with its template removed."""
+    tok = smollm2.tokenizer
+    if not chat:
+        tok = copy.deepcopy(tok)
+        tok.chat_template = None
+    conversations = load_conversations(str(SHAREGPT_SAMPLE))
+    for messages in conversations[:8]:
+        question = messages[0]["content"]
+        training = render_prompt(tok, messages, chat).tolist()
+        assert render_prompt(tok, user_turn(question), chat).tolist() == training
+        if chat:
+            text = tok.apply_chat_template(user_turn(question), tokenize=False, add_generation_prompt=True)
+            assert training == tok(text, add_special_tokens=False).input_ids
+            # a chat template's special tokens bound the turn: the ids are a prefix too
+            full = render_conversation(tok, messages, max_length=1 << 20, chat=chat).input_ids
+            assert full[: len(training)].tolist() == training
+        else:  # one paragraph per turn, as training conversations of a base model are written
+            assert training == tok(question.strip() + "\n\n", add_special_tokens=True).input_ids
+        text, spans = assistant_spans(tok, messages, chat)
+        assert tok.decode(training) == text[: spans[0][0]]
+
+
 def tiny_params(**data):
     return parse_params(
         {
             "target": {"dtype": "float32"},
-            "data": {"num_samples": 6, "max_length": 40, "seed": 3} | data,
+            "data": {"source": str(SHAREGPT_SAMPLE), "num_samples": 6, "max_length": 40, "seed": 3} | data,
             "extract": {"shard_samples": 2, "batch_tokens": 128},
         }
     )

@@ -28,7 +28,6 @@ def test_measured_policy_picks_the_faster_dtype_of_each_job():
     assert set(policy) == set(JOBS)
     for job in JOBS:
         times = {name: policy[job][name] for name in ("float32", "bfloat16")}
-        assert all(t > 0 for t in times.values())
         assert policy[job]["choice"] == min(times, key=times.get)
 
 

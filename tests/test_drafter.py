@@ -212,6 +212,29 @@ def test_cache_matches_full_forward_and_crop():
         torch.testing.assert_close(model(ids, hidden, pos, attn_mask=mask), full, rtol=0, atol=1e-12)
 
 
+def test_attention_strategy_is_passed_in():
+    """The model knows no cache type: whatever `attend`s is used (composition, not subclasses)."""
+    from eagle3.drafter.model import sdpa  # noqa: PLC0415
+    from eagle3.drafter.ttt_attention import TTTCache  # noqa: PLC0415
+
+    class Recording:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def attend(self, q, k, v, attn_mask):
+            self.calls += 1
+            return sdpa(q, k, v, attn_mask)
+
+    model, _ = tiny_drafter()
+    ids, pos = torch.randint(0, V, (1, 6)), torch.arange(6)[None]
+    hidden = model.project(torch.randn(1, 6, 3 * H))
+    strategy = Recording()
+    with torch.no_grad():
+        assert torch.equal(model(ids, hidden, pos, strategy), model(ids, hidden, pos))
+    assert strategy.calls == 1
+    assert not isinstance(TTTCache(), DrafterCache) and not hasattr(TTTCache, "crop")
+
+
 def test_to_target_ids_uses_d2t():
     model, _ = tiny_drafter()
     d2t, t2d = tiny_mapping()
@@ -303,3 +326,14 @@ def test_eagle31_drafter_runs_in_the_unchanged_engine(setting):
     spec = engine(target, drafter.double().eval().requires_grad_(False), **setting)
     for p in prompts(2, seed=4):
         assert spec.generate(p, 20, EOS).tokens == greedy_decode(target, p, 20, EOS).tokens
+
+
+def test_rotary_frequencies_stay_float32_when_the_drafter_is_cast_to_bf16():
+    drafter, _ = tiny_drafter()
+    rotary = next(m for m in drafter.modules() if hasattr(m, "inv_freq"))
+    exact = rotary.inv_freq.clone()
+    assert exact.dtype == torch.float32
+    drafter.to(torch.bfloat16)
+    # a bf16 inv_freq would move a high-frequency pair by ~0.6 rad at position 300
+    assert rotary.inv_freq.dtype == torch.float32 and torch.equal(rotary.inv_freq, exact)
+    assert next(drafter.parameters()).dtype == torch.bfloat16

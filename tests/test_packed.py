@@ -12,9 +12,12 @@ from torch import nn
 from eagle3.packed import PackedLinear, pack_linears, packing_available
 from eagle3.spec.engine import greedy_decode
 
-pytestmark = pytest.mark.skipif(
-    not packing_available(torch.float32), reason="oneDNN packing is not available in this torch build"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not packing_available(torch.float32), reason="oneDNN packing is not available in this torch build"
+    ),
+    pytest.mark.usefixtures("one_thread"),  # tiny models: one thread is faster than two
+]
 
 
 @pytest.mark.parametrize("rows", [1, 5, 9])

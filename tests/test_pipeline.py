@@ -13,11 +13,12 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from conftest import SHAREGPT_SAMPLE
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
     "target": {"dtype": "float32"},
-    "data": {"num_samples": 6, "max_length": 40},
+    "data": {"source": str(SHAREGPT_SAMPLE), "num_samples": 6, "max_length": 40},
     "extract": {"shard_samples": 3, "batch_tokens": 128},
     "vocab": {"size": 500},
 }

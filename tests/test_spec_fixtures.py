@@ -3,6 +3,7 @@
 A random 4-layer Llama (transformers) as the target, and EAGLE-3 drafters over it: a random
 one (the "bad" drafter: lossless but slow) and one briefly fitted to the target's own greedy
 continuations (the "good" drafter: many drafts accepted, so the multi-token paths run).
+Tests over these models run on one thread (the `one_thread` fixture of conftest.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.spec.engine import SpecEngine, greedy_decode
 from eagle3.target.capture import capture_hidden_states
-
-# Tiny models: one thread is faster than two (and kinder to a shared CPU).
-torch.set_num_threads(1)
 
 V, H, LAYERS = 320, 64, 4
 AUX = [0, 1, 2]

@@ -6,10 +6,9 @@ import json
 
 import pytest
 from pydantic import ValidationError
-from transformers import AutoTokenizer
 
 from eagle3.params import EvalParams
-from eagle3.spec.prompts import Prompt, load_prompts, mtbench_path, render_prompt, round_robin
+from eagle3.spec.prompts import Prompt, load_prompts, mtbench_path, round_robin
 
 MTBENCH_CATEGORIES = [
     "writing",
@@ -126,18 +125,3 @@ def test_bad_files_fail_clearly(tmp_path, lines, match):
 def test_missing_file_names_the_key(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"eval.prompts_file: .*nope.jsonl.* does not exist"):
         load_prompts(str(tmp_path / "nope.jsonl"), 4)
-
-
-def test_render_chat_and_plain():
-    from eagle3.target.load import PACKAGES, resolve_target
-
-    try:
-        path = resolve_target("smollm2-135m-instruct")
-    except (FileNotFoundError, ImportError) as err:  # the packaged target is not installed here
-        pytest.skip(str(err))
-    assert PACKAGES["smollm2-135m-instruct"].has_chat_template
-    tok = AutoTokenizer.from_pretrained(path)
-    chat = tok.decode(render_prompt(tok, "Hi there", chat=True))
-    assert chat.endswith("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
-    plain = tok.decode(render_prompt(tok, "Hi there", chat=False))
-    assert "im_start" not in plain and plain.rstrip().endswith("Hi there")

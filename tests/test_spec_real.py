@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle3.data.render import render_prompt, user_turn
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.params import TargetParams, default_aux_layers
 from eagle3.spec.engine import SpecEngine, greedy_decode
-from eagle3.spec.prompts import load_prompts, render_prompt
+from eagle3.spec.prompts import load_prompts
 from eagle3.target.load import eos_token_ids
 
 
@@ -17,7 +18,7 @@ def smollm2():
     from eagle3.target.load import load_target
 
     try:
-        return load_target(TargetParams(dtype="float64", threads=1))
+        return load_target(TargetParams(dtype="float64"))
     except (FileNotFoundError, ImportError, OSError) as err:
         pytest.skip(f"default target not available: {err}")
 
@@ -30,7 +31,7 @@ def test_smollm2_float64_speculative_equals_greedy(smollm2, setting):
     embed = target.model.get_input_embeddings().weight
     drafter = Eagle3Drafter(cfg, embed).double().eval().requires_grad_(False)
     engine = SpecEngine(target.model, drafter, target.decoder_layers, target.final_norm, **setting)
-    prompt = render_prompt(target.tokenizer, load_prompts(None, 1)[0].text, chat=True)
+    prompt = render_prompt(target.tokenizer, user_turn(load_prompts(None, 1)[0].text), chat=True).tolist()
     eos = eos_token_ids(target.model, target.tokenizer)
     base = greedy_decode(target.model, prompt, 10, eos)
     assert engine.generate(prompt, 10, eos).tokens == base.tokens

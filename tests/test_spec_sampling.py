@@ -9,6 +9,9 @@ from test_spec_fixtures import engine, prompts, random_drafter, tiny_target
 
 from eagle3.spec.verify import sample_chain, sample_tree
 
+# Tiny models: one thread is faster than two (and kinder to a shared CPU).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 V = 6
 P_MIN = 1e-3  # fixed seeds: the test is deterministic; this is the bar it clears
 N_RULE = 8000  # draws per acceptance-rule test (cheap: no model)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,23 +9,10 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # stages/ is no installed package: import it as `python -m stages.x` does
+import stages.speculative_eval  # noqa: E402
 
 
-def run_stage(tmp_path: Path, eval_params: dict) -> subprocess.CompletedProcess:
-    params = {"eval": eval_params, "tracking": {"enabled": False}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "stages.speculative_eval"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-# Each case starts a Python process (seconds of imports): the library tests cover the rest.
 @pytest.mark.parametrize(
     "eval_params,message",
     [
@@ -40,9 +25,14 @@ def run_stage(tmp_path: Path, eval_params: dict) -> subprocess.CompletedProcess:
         ({}, "run the train stage first"),
     ],
 )
-def test_stage_rejects_bad_input_early(tmp_path, eval_params, message):
+def test_stage_rejects_bad_input_early(tmp_path, monkeypatch, capsys, eval_params, message):
+    # In process, as DVC would run it from the project folder: no interpreter start per case.
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.jsonl").write_text("\n")
-    result = run_stage(tmp_path, eval_params)
-    assert result.returncode != 0
-    assert message in " ".join(result.stderr.split())
+    params = {"eval": eval_params, "tracking": {"enabled": False}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(SystemExit) as stop:
+        stages.speculative_eval.main()
+    assert stop.value.code not in (0, None)
+    assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "metrics").exists()  # nothing written

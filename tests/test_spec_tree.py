@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_spec_fixtures import prompts, tiny_target
 from transformers import DynamicCache
@@ -10,6 +11,9 @@ from eagle3.spec.engine import TargetRunner
 from eagle3.spec.kv import keep_verified
 from eagle3.spec.tree import DraftTree, ancestor_matrix, verify_mask
 from eagle3.spec.verify import greedy_tree
+
+# Tiny models: one thread is faster than two (and kinder to a shared CPU).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # root 0; 1, 2 under the root; 3, 4 under 1; 5 under 2; 6 under 3
 PARENTS = torch.tensor([-1, 0, 0, 1, 1, 2, 3])

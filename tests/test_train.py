@@ -8,6 +8,7 @@ DDP worker the test launches.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,9 +23,11 @@ from eagle3.drafter import DrafterConfig, TTTCache, export_drafter, load_drafter
 from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
 from eagle3.params import ParamsError, TrainParams, parse_params
 from eagle3.stageio import write_json
+from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs
 from eagle3.train.data import BatchSource, split_samples
-from eagle3.train.loop import TrainInputs, check_memory, train_drafter, trainable_state
+from eagle3.train.loop import train_drafter, warmup_cosine
+from eagle3.train.prepare import TrainInputs, check_memory, drafter_config
 from eagle3.train.ttt import acceptance_length
 
 H, V, K = 32, 256, 64
@@ -82,7 +85,8 @@ def tiny_cfg(k: int = K) -> DrafterConfig:
     )
 
 
-def tiny_inputs(folder: Path) -> TrainInputs:
+def tiny_inputs(folder: Path, p: TrainParams | None = None) -> TrainInputs:
+    """The tiny features and target; the drafter config carries `p`'s architecture choices."""
     g = torch.Generator().manual_seed(1)
     embed, head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
     ids = torch.arange(K) * 3  # every third token is in the draft vocab
@@ -95,7 +99,7 @@ def tiny_inputs(folder: Path) -> TrainInputs:
         head,
         ids - torch.arange(K),
         t2d,
-        tiny_cfg(),
+        drafter_config(tiny_cfg(), p or tiny_params()),
         run_key="tiny",
         final_norm=norm,
     )
@@ -114,6 +118,21 @@ def tiny_params(**kw) -> TrainParams:
         lr=3e-3,
     )
     return TrainParams(**(base | kw))
+
+
+class Interrupted(Exception):
+    """Raised from on_step: the run stops as a kill would, after its last checkpoint."""
+
+
+def interrupt_after(p: TrainParams, inputs: TrainInputs, folder: Path, steps: int) -> None:
+    """Train until `steps` optimizer steps are done, then interrupt the run."""
+
+    def stop(row: dict) -> None:
+        if row["step"] >= steps:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train_drafter(p, inputs, folder, on_step=stop)
 
 
 # --- TTT attention -------------------------------------------------------------------------------
@@ -189,7 +208,7 @@ def test_split_and_batches_are_deterministic(tmp_path):
 
 def test_training_learns_and_reports(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
-    out = train_drafter(tiny_params(epochs=6), inputs, progress=False)
+    out = train_drafter(tiny_params(epochs=6), inputs)
     first, last = out.curve[0], out.curve[-1]
     assert last["loss"] < first["loss"]
     assert len(out.metrics["heldout"]["acc"]) == 3 and 1.0 <= out.metrics["acceptance_length"] <= 4.0
@@ -197,8 +216,9 @@ def test_training_learns_and_reports(tmp_path):
 
 
 def test_eagle31_trains_exports_and_reloads(tmp_path):
-    inputs = tiny_inputs(tmp_path / "f")
-    out = train_drafter(tiny_params(epochs=2, fc_norm=True, norm_output=True), inputs, progress=False)
+    p = tiny_params(epochs=2, fc_norm=True, norm_output=True)
+    inputs = tiny_inputs(tmp_path / "f", p)
+    out = train_drafter(p, inputs)
     drafter = out.drafter
     assert drafter.cfg.fc_norm and drafter.cfg.norm_output
     assert out.curve[-1]["loss"] < out.curve[0]["loss"]
@@ -219,16 +239,15 @@ def test_eagle31_trains_exports_and_reloads(tmp_path):
 
 
 def test_intermediate_size_param_sets_the_drafter_mlp(tmp_path):
-    out = train_drafter(
-        tiny_params(epochs=1, intermediate_size=24), tiny_inputs(tmp_path / "f"), progress=False
-    )
+    p = tiny_params(epochs=1, intermediate_size=24)
+    out = train_drafter(p, tiny_inputs(tmp_path / "f", p))
     assert out.drafter.cfg.intermediate_size == 24
     assert out.drafter.midlayer.mlp.down_proj.weight.shape == (H, 24)
 
 
 def test_frozen_head_stays_the_target_head_and_is_not_optimised(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
-    out = train_drafter(tiny_params(epochs=2, head_trainable=False), inputs, tmp_path / "ck", progress=False)
+    out = train_drafter(tiny_params(epochs=2, head_trainable=False), inputs, tmp_path / "ck")
     drafter = out.drafter
     rows = inputs.head[torch.arange(K) + inputs.d2t]
     assert torch.equal(drafter.lm_head.weight, rows) and torch.equal(drafter.norm.weight, inputs.final_norm)
@@ -240,6 +259,37 @@ def test_frozen_head_stays_the_target_head_and_is_not_optimised(tmp_path):
     assert len(state["optimizer"]["param_groups"][0]["params"]) == len(trainable)
 
 
+def test_a_drafter_config_without_the_train_params_is_refused(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")  # built for the default params: no fc_norm
+    with pytest.raises(ValueError, match="does not carry the train params"):
+        train_drafter(tiny_params(fc_norm=True), inputs)
+
+
+@pytest.mark.parametrize(("warmup", "total"), [(10, 546), (2, 10), (0, 7), (5, 2)])
+def test_warmup_cosine_gives_the_former_learning_rates_bitwise(warmup, total):
+    """transformers' schedule, one step ahead, equals the schedule this project used before it:
+    (s+1)/(w+1) of the peak in warmup, then cosine from the peak to 10% of it."""
+
+    def former(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def lrs(make) -> list[float]:
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2e-3)
+        scheduler, out = make(optimizer), []
+        for _ in range(total + 1):
+            out.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    ours = lrs(lambda o: warmup_cosine(o, warmup, total))
+    assert ours == lrs(lambda o: torch.optim.lr_scheduler.LambdaLR(o, former))
+    assert ours[0] > 0  # the first step trains (transformers' own step 0 has lr 0)
+
+
 def test_frozen_head_needs_target_init():
     with pytest.raises(ParamsError, match=r"train.head_init: target or train.head_trainable: true"):
         parse_params({"train": {"head_trainable": False, "head_init": "random"}})
@@ -249,7 +299,7 @@ def test_frozen_head_needs_target_init():
 def test_head_init_starts_from_the_target_head_and_norm(tmp_path, head_init):
     inputs = tiny_inputs(tmp_path / "f")
     # lr so small that the weights are still their initial values after training
-    out = train_drafter(tiny_params(epochs=1, lr=1e-12, head_init=head_init), inputs, progress=False)
+    out = train_drafter(tiny_params(epochs=1, lr=1e-12, head_init=head_init), inputs)
     rows = inputs.head[torch.arange(K) + inputs.d2t]
     from_target = torch.allclose(out.drafter.lm_head.weight, rows, atol=1e-6) and torch.allclose(
         out.drafter.norm.weight, inputs.final_norm, atol=1e-6
@@ -260,21 +310,21 @@ def test_head_init_starts_from_the_target_head_and_norm(tmp_path, head_init):
 def test_resume_gives_bitwise_identical_weights(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     p = tiny_params()
-    whole = train_drafter(p, inputs, tmp_path / "a", progress=False)
-    assert train_drafter(p, inputs, tmp_path / "b", stop_after_steps=3, progress=False) is None
-    resumed = train_drafter(p, inputs, tmp_path / "b", progress=False)  # from the step-2 checkpoint
+    whole = train_drafter(p, inputs, tmp_path / "a")
+    interrupt_after(p, inputs, tmp_path / "b", steps=3)
+    resumed = train_drafter(p, inputs, tmp_path / "b")  # from the step-2 checkpoint
     a, b = trainable_state(whole.drafter), trainable_state(resumed.drafter)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert whole.curve == resumed.curve and whole.metrics["heldout"] == resumed.metrics["heldout"]
     # a checkpoint of another run (other key) is ignored, not resumed
     other = TrainInputs(**{**inputs.__dict__, "run_key": "other"})
-    fresh = train_drafter(p, other, tmp_path / "b", progress=False)
+    fresh = train_drafter(p, other, tmp_path / "b")
     assert all(torch.equal(trainable_state(fresh.drafter)[k], a[k]) for k in a)
 
 
 def _ddp_worker(out: Path, folder: Path) -> None:
     torch.set_num_threads(1)
-    result = train_drafter(tiny_params(), tiny_inputs(folder), progress=False)
+    result = train_drafter(tiny_params(), tiny_inputs(folder))
     if result is not None:
         torch.save({"curve": result.curve, "state": trainable_state(result.drafter)}, out)
 
@@ -377,7 +427,7 @@ def test_export_agrees_with_vocab_map_and_reloads(tmp_path):
     d2t, t2d, _ = load_mapping(tmp_path / "vm")
     inputs = tiny_inputs(tmp_path / "f")
     inputs = TrainInputs(**{**inputs.__dict__, "d2t": d2t, "t2d": t2d})
-    out = train_drafter(tiny_params(epochs=1), inputs, progress=False)
+    out = train_drafter(tiny_params(epochs=1), inputs)
     export_drafter(out.drafter, tmp_path / "drafter")
     config = json.loads((tmp_path / "drafter/config.json").read_text())
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
@@ -391,8 +441,8 @@ if __name__ == "__main__":  # DDP worker for test_two_process_gloo_matches_one_p
 
 def test_max_samples_trains_on_fewer_samples_against_the_same_heldout_set(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
-    full = train_drafter(tiny_params(epochs=1), inputs, progress=False).metrics
-    part = train_drafter(tiny_params(epochs=1, max_samples=5), inputs, progress=False).metrics
+    full = train_drafter(tiny_params(epochs=1), inputs).metrics
+    part = train_drafter(tiny_params(epochs=1, max_samples=5), inputs).metrics
     assert part["heldout_tokens"] == full["heldout_tokens"]
     assert 0 < part["train_tokens"] < full["train_tokens"]
     assert part["steps"] < full["steps"]

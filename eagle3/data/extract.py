@@ -14,14 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from safetensors import safe_open
 
 from eagle3.data.conversations import Message, load_conversations, sample_order
 from eagle3.data.onpolicy import generate_with_features
-from eagle3.data.render import Rendered, render_conversation
+from eagle3.data.render import Rendered, render_conversation, render_prompt
 from eagle3.data.store import (
     JOURNAL,
     SCHEMA_VERSION,
@@ -55,7 +54,7 @@ def select_conversations(params: Params, tokenizer, chat: bool) -> list[Selected
         if data.regenerate:
             rendered = None
             fits = any(m["role"] == "user" for m in messages) and (
-                len(prompt_ids(tokenizer, messages, chat)) <= data.max_length - data.min_assistant_tokens
+                len(render_prompt(tokenizer, messages, chat)) <= data.max_length - data.min_assistant_tokens
             )
         else:
             rendered = render_conversation(tokenizer, messages, data.max_length, chat)
@@ -71,30 +70,6 @@ def select_conversations(params: Params, tokenizer, chat: bool) -> list[Selected
     )
 
 
-def first_exchange(messages: list[Message]) -> list[Message]:
-    """System prompt (if any) and first user turn: what self-distillation answers."""
-    head = []
-    for message in messages:
-        head.append(message)
-        if message["role"] == "user":
-            return head
-    return head
-
-
-def prompt_text(tokenizer, head: list[Message], chat: bool) -> str:
-    """What the target is asked to answer: the rendered chat up to the assistant's turn, or the
-    bare user turn for a target without a chat template."""
-    if chat:
-        return tokenizer.apply_chat_template(head, tokenize=False, add_generation_prompt=True)
-    return head[-1]["content"]
-
-
-def prompt_ids(tokenizer, messages: list[Message], chat: bool) -> np.ndarray:
-    """Token ids of what self-distillation asks the target to answer (the first exchange)."""
-    text = prompt_text(tokenizer, first_exchange(messages), chat)
-    return np.asarray(tokenizer(text, add_special_tokens=not chat).input_ids, dtype=np.int32)
-
-
 def onpolicy_group(
     target: Target, group: list[list[Message]], params: Params, chat: bool, aux_layers: list[int]
 ) -> list[Sample]:
@@ -105,7 +80,7 @@ def onpolicy_group(
     similar length (every row is left-padded to the longest in the cache).
     """
     data = params.data
-    prompts = [prompt_ids(target.tokenizer, m, chat) for m in group]
+    prompts = [render_prompt(target.tokenizer, m, chat) for m in group]
     order = sorted(range(len(group)), key=lambda i: (len(prompts[i]), i))
     outputs = generate_with_features(
         target,

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from eagle3.data.extract import GroupFn, Selected, prompt_ids, run_extraction
-from eagle3.data.render import Rendered, render_conversation
+from eagle3.data.extract import GroupFn, Selected, run_extraction
+from eagle3.data.render import Rendered, render_conversation, render_prompt, user_turn
 from eagle3.data.store import Sample
 from eagle3.params import Params, check_against_target
 from eagle3.target.load import has_chat_template, load_target_config, resolve_target
@@ -67,7 +67,7 @@ def check_inputs(tokenizer, chat: bool) -> tuple[list[list[int]], list[int]]:
         inputs.append(
             render_conversation(tokenizer, messages, max_length=1 << 20, chat=chat).input_ids.tolist()
         )
-    prompt = prompt_ids(tokenizer, [{"role": "user", "content": CHECK_CONVERSATIONS[0][0]}], chat)
+    prompt = render_prompt(tokenizer, user_turn(CHECK_CONVERSATIONS[0][0]), chat)
     return inputs, prompt.tolist()
 
 
@@ -122,7 +122,7 @@ def sglang_group_fn(
     def compute(group: list[Selected], advance: Callable[[int, int], None]) -> list[Sample]:
         with ThreadPoolExecutor(params.extract.sglang_requests_in_flight) as pool:
             if params.data.regenerate:
-                prompts = [prompt_ids(tokenizer, s.messages, chat) for s in group]
+                prompts = [render_prompt(tokenizer, s.messages, chat) for s in group]
                 futures = [pool.submit(onpolicy_sample, aux, final, hidden, p, params, stop) for p in prompts]
             else:
                 futures = [pool.submit(text_sample, aux, final, hidden, s.rendered) for s in group]

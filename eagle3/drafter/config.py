@@ -6,12 +6,19 @@ share it. The exported dict is a Llama config with the EAGLE-3 extras SGLang's
 `LlamaForCausalLMEagle3` reads: `draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`,
 `target_hidden_size` (only when it differs from hidden_size, see `to_hf_dict`) and the EAGLE-3.1
 switches `fc_norm` / `norm_output`.
+
+RoPE is the target's, of any type transformers implements (default, llama3, yarn, ...), as EAGLE-3
+drafters take it. `rope_scaling` holds the type and its parameters (None = default) and is exported
+as both `rope_scaling` (transformers 4, SGLang, vLLM) and `rope_parameters` (transformers 5), so the
+serving engine rotates exactly as training did.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -35,6 +42,9 @@ class DrafterConfig:
     # EAGLE-3.1: an RMSNorm per aux layer before fc, and the normed output fed to the next step.
     fc_norm: bool = False
     norm_output: bool = False
+    # the target's RoPE type and its parameters without rope_theta, e.g. {"rope_type": "llama3",
+    # "factor": 8.0, ...}; None = default (unscaled) RoPE
+    rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
@@ -51,6 +61,12 @@ class DrafterConfig:
         if len(self.aux_layer_ids) != 3:
             raise ValueError(f"aux_layer_ids must list 3 layer ids, got {self.aux_layer_ids}")
         self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+        self.rope_scaling = _checked_rope_scaling(self.rope_scaling)
+
+    @property
+    def rope_parameters(self) -> dict[str, Any]:
+        """transformers 5's rope_parameters: rope_theta, rope_type and the type's own keys."""
+        return {"rope_theta": self.rope_theta, "rope_type": "default"} | (self.rope_scaling or {})
 
     @classmethod
     def from_target_config(
@@ -75,6 +91,7 @@ class DrafterConfig:
             head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
             rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(c),
+            rope_scaling=_rope_scaling(c),
             max_position_embeddings=c.max_position_embeddings,
             hidden_act=getattr(c, "hidden_act", "silu"),
             vocab_size=c.vocab_size,
@@ -104,9 +121,9 @@ class DrafterConfig:
             "head_dim": self.head_dim,
             "hidden_act": self.hidden_act,
             "rms_norm_eps": self.rms_norm_eps,
-            # transformers 4 reads rope_theta, transformers 5 rope_parameters: write both.
+            # transformers 4 reads rope_theta (+ rope_scaling), transformers 5 rope_parameters: write both.
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_parameters": self.rope_parameters,
             "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size,
             "draft_vocab_size": self.draft_vocab_size,
@@ -131,6 +148,8 @@ class DrafterConfig:
         # drafter's own embedding ships in model.safetensors, see export.py).
         if self.owns_embedding:
             d["target_hidden_size"] = self.target_hidden_size
+        if self.rope_scaling is not None:  # left out for the default, as in Llama-2 style configs
+            d["rope_scaling"] = dict(self.rope_scaling)
         return d
 
     @classmethod
@@ -153,6 +172,7 @@ class DrafterConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(d),
+            rope_scaling=_rope_scaling(d),
             max_position_embeddings=d["max_position_embeddings"],
             hidden_act=d.get("hidden_act", "silu"),
             vocab_size=d["vocab_size"],
@@ -168,10 +188,35 @@ class DrafterConfig:
         return asdict(self)
 
 
-def _rope_theta(c: Any) -> float:
+def _rope_dict(c: Any) -> dict[str, Any]:
+    """The rope parameters of an HF config object or config.json dict: transformers 5's
+    rope_parameters (theta included), else transformers 4's rope_scaling."""
     get = c.get if isinstance(c, dict) else lambda k, default=None: getattr(c, k, default)
     rope = get("rope_parameters") or get("rope_scaling") or {}
-    if isinstance(rope, dict) and rope.get("rope_type", "default") not in ("default", None):
-        raise ValueError(f"rope type {rope.get('rope_type')!r} is not supported (only 'default')")
-    theta = get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    return dict(rope) if isinstance(rope, dict) else {}
+
+
+def _rope_theta(c: Any) -> float:
+    get = c.get if isinstance(c, dict) else lambda k, default=None: getattr(c, k, default)
+    theta = get("rope_theta") or _rope_dict(c).get("rope_theta")
     return float(theta or 10000.0)
+
+
+def _rope_scaling(c: Any) -> dict[str, Any] | None:
+    rope = _rope_dict(c)
+    rope.pop("rope_theta", None)
+    rope.setdefault("rope_type", rope.pop("type", "default"))  # "type": transformers 4's old key
+    return None if rope["rope_type"] == "default" else rope
+
+
+def _checked_rope_scaling(rope: dict[str, Any] | None) -> dict[str, Any] | None:
+    """None for the default RoPE; refuses what the one-layer drafter cannot rotate like the target."""
+    if rope is None or rope.get("rope_type", "default") == "default":
+        return None
+    kind = rope.get("rope_type")
+    if kind not in ROPE_INIT_FUNCTIONS:
+        known = ", ".join(["default", *sorted(ROPE_INIT_FUNCTIONS)])
+        raise ValueError(f"rope type {kind!r} is not supported (transformers knows {known})")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+    return dict(rope)

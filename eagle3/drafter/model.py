@@ -8,16 +8,24 @@ returns what the next draft step is fed: the stream before the final norm (EAGLE
 with `norm_output` (EAGLE-3.1), and `logits` applies whatever is left (norm + lm_head, or
 lm_head). With `fc_norm` (EAGLE-3.1) each of the three aux states is RMS-normed before `fc`.
 Both follow SGLang/vLLM `llama_eagle3.py` (see config.py), so callers need not know either flag.
+
+How the layer's attention reads keys is the caller's choice, passed to `forward` as `cache`: an
+object with `attend(q, k, v, attn_mask)` (composition: the model knows no cache type). None is
+plain causal attention, `DrafterCache` the decoding cache, and training passes its TTT cache
+(`ttt_attention.TTTCache`).
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eagle3.drafter.config import DrafterConfig
-from eagle3.drafter.ttt_attention import ttt_attention
 
 
 class RMSNorm(nn.Module):
@@ -36,25 +44,63 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Default (unscaled) RoPE with HF's rotate-half convention."""
+    """The target's RoPE through transformers' own Llama rotary, so every rope_type it knows
+    (default, llama3, yarn, ...) rotates exactly as transformers (and the exported config) say."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, cfg: DrafterConfig):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        llama = LlamaConfig(
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings,
+            rope_parameters=cfg.rope_parameters,
+        )
+        self.embedding = LlamaRotaryEmbedding(llama)
 
-    def forward(self, x: Tensor, position_ids: Tensor) -> Tensor:
-        # x [B, heads, T, d]; position_ids [B or 1, T]
-        freqs = position_ids[:, None, :, None].float() * self.inv_freq
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 - nn.Module's own signature
+        # The frequencies stay float32 whatever the drafter is cast to: a bf16 inv_freq turns
+        # position 300 by up to ~0.6 rad, and transformers upcasts it only after the rounding.
+        frequencies = {name: getattr(self.embedding, name) for name in ("inv_freq", "original_inv_freq")}
+        super()._apply(fn, recurse)
+        for name, value in frequencies.items():
+            if isinstance(value, Tensor):
+                setattr(self.embedding, name, value.to(getattr(self.embedding, name).device))
+        return self
+
+    def forward(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        # q, k [B, heads, T, d]; position_ids [B or 1, T]
+        cos, sin = self.embedding(q, position_ids)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+class AttentionCache(Protocol):
+    """What the draft layer's attention is given: it attends new queries to new and held keys."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+        """q [B, heads, T, d], k/v [B, kv_heads, T, d] (post-RoPE) -> [B, heads, T, d]."""
+        ...
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, past: int = 0) -> Tensor:
+    """Causal attention over (past + new) keys, or under an explicit mask; GQA without copies."""
+    gqa = k.shape[1] != q.shape[1]
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool:
+            attn_mask = attn_mask.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
+    # causal over (cache + new): query i sits at absolute index past + i
+    t = q.shape[2]
+    causal = t > 1
+    mask = _causal_mask(t, past, q.device) if causal and past else None
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal and not past, enable_gqa=gqa
+    )
 
 
 class DrafterCache:
-    """A plain K/V store for the draft layer: k, v are [B, kv_heads, S, head_dim] (keys post-RoPE)."""
+    """A plain K/V store for decoding: k, v are [B, kv_heads, S, head_dim] (keys post-RoPE)."""
 
     def __init__(self) -> None:
         self.k: Tensor | None = None
@@ -78,22 +124,10 @@ class DrafterCache:
             self.k = self.k[:, :, :n_keep]
             self.v = self.v[:, :, :n_keep]
 
-
-class TTTCache(DrafterCache):
-    """Keys of a training-time-test unroll: step 0 is the prefix (attended causally), every later
-    step's keys are attended only at the query's own position (see ttt_attention).
-
-    Passing it as `cache` makes `Eagle3Drafter.forward` use the TTT pattern; k/v are kept
-    expanded to the query heads. `length` counts the prefix only (positions, not steps).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.diag_k: list[Tensor] = []
-        self.diag_v: list[Tensor] = []
-
-    def crop(self, n_keep: int) -> None:
-        raise TypeError("a TTT cache is built for one training unroll and cannot be cropped")
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+        past = self.length
+        k, v = self.append(k, v)
+        return sdpa(q, k, v, attn_mask, past)
 
 
 class Attention(nn.Module):
@@ -106,49 +140,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg)
 
     def forward(
-        self, x: Tensor, position_ids: Tensor, cache: DrafterCache | None, attn_mask: Tensor | None
+        self, x: Tensor, position_ids: Tensor, cache: AttentionCache | None, attn_mask: Tensor | None
     ) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self.rotary(q, position_ids), self.rotary(k, position_ids)
-        if isinstance(cache, TTTCache):
-            return self.o_proj(self._ttt(q, k, v, cache).transpose(1, 2).reshape(b, t, -1))
-        past = 0
-        if cache is not None:
-            past = cache.length
-            k, v = cache.append(k, v)
-        if attn_mask is None:
-            # causal over (cache + new): query i sits at absolute index past + i
-            causal = t > 1
-            mask = None
-            if causal and past:
-                mask = _causal_mask(t, past, q.device)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal and not past, enable_gqa=self.kv_heads != self.heads
-            )
-        else:
-            if attn_mask.dtype != torch.bool:
-                attn_mask = attn_mask.to(q.dtype)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, enable_gqa=self.kv_heads != self.heads
-            )
+        q, k = self.rotary(q, k, position_ids)
+        out = sdpa(q, k, v, attn_mask) if cache is None else cache.attend(q, k, v, attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
-
-    def _ttt(self, q: Tensor, k: Tensor, v: Tensor, cache: TTTCache) -> Tensor:
-        groups = self.heads // self.kv_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        if cache.k is None:
-            cache.k, cache.v = k, v
-        else:
-            cache.diag_k.append(k)
-            cache.diag_v.append(v)
-        return ttt_attention(q, cache.k, cache.v, cache.diag_k, cache.diag_v)
 
 
 def _causal_mask(t: int, past: int, device: torch.device) -> Tensor:
@@ -184,7 +187,7 @@ class MidLayer(nn.Module):
         embeds: Tensor,
         hidden: Tensor,
         position_ids: Tensor,
-        cache: DrafterCache | None,
+        cache: AttentionCache | None,
         attn_mask: Tensor | None,
     ) -> Tensor:
         residual = hidden
@@ -259,7 +262,7 @@ class Eagle3Drafter(nn.Module):
         input_ids: Tensor,
         hidden: Tensor,
         position_ids: Tensor,
-        cache: DrafterCache | None = None,
+        cache: AttentionCache | None = None,
         attn_mask: Tensor | None = None,
     ) -> Tensor:
         """One decoder-layer pass; returns the new hidden [B, T, H] that the next step is fed:

@@ -10,6 +10,10 @@ log-sum-exp, and merges the n diagonal scores into the same softmax. Its backwar
 flash backward with the *merged* output and log-sum-exp, which yields exactly the gradient of
 the prefix part of the merged softmax, and adds the diagonal terms by hand. Same result as the
 reference (tests check forward and gradients in float64), O(T^2 + nT) instead of O((n+1)T^2).
+Ours because no library has it: SDPA and flex attention take one mask over all keys, i.e. the
+O((n+1)T^2) reference form.
+
+`TTTCache` is the attention strategy a training unroll passes to `Eagle3Drafter.forward`.
 """
 
 from __future__ import annotations
@@ -94,3 +98,34 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, kd: list[Tensor], vd: list[
         vds = torch.stack(vd, dim=3).to(work)
         out = _MergedTTTAttention.apply(q32, k32, v32, kds, vds, scale)
     return out.to(dtype)
+
+
+class TTTCache:
+    """Keys of one training-time-test unroll: step 0 is the prefix (attended causally), every
+    later step's keys are attended only at the query's own position (see ttt_attention).
+
+    k/v are kept expanded to the query heads. `length` counts the prefix only (positions, not steps).
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.diag_k: list[Tensor] = []
+        self.diag_v: list[Tensor] = []
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+        if attn_mask is not None:
+            raise ValueError("TTT attention has its own pattern; it takes no attn_mask")
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.diag_k.append(k)
+            self.diag_v.append(v)
+        return ttt_attention(q, self.k, self.v, self.diag_k, self.diag_v)

@@ -134,14 +134,3 @@ def load_prompts(
         raise ValueError(f"eval.num_prompts must be >= 1 (got {num_prompts})")
     path = mtbench_path() if prompts_file is None else Path(prompts_file).expanduser()
     return select_prompts(read_prompts(path), num_prompts, categories)
-
-
-def render_prompt(tokenizer, text: str, chat: bool) -> list[int]:
-    """Token ids of the prompt as extract renders a user turn: the chat template with the
-    generation prompt, or plain completion text for base models without a template."""
-    if chat:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(text.strip() + "\n\n", add_special_tokens=True)["input_ids"])

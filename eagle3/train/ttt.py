@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle3.drafter.model import Eagle3Drafter, TTTCache
+from eagle3.drafter.model import Eagle3Drafter
+from eagle3.drafter.ttt_attention import TTTCache
 from eagle3.train.data import Batch
 
 

@@ -1,0 +1,132 @@
+"""Everything training needs, read and cross-checked before any expensive work.
+
+`prepare_inputs` reads the features, the vocab mapping and the patch-check report, builds the
+drafter config (sizes from the target, architecture choices from train params), refuses inputs
+that do not belong together or would not fit in memory, and loads the target's embedding,
+lm_head and final norm. The loop takes what it returns as given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from eagle3.data.store import MANIFEST, FeatureStore
+from eagle3.device import Shape, resolve_dtype
+from eagle3.drafter.config import DrafterConfig
+from eagle3.params import Params, TrainParams
+from eagle3.stageio import read_json
+from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
+from eagle3.train.checks import check_inputs
+from eagle3.train.heads import load_target_final_norm, load_target_heads
+from eagle3.vocab import MAPPING, load_mapping
+
+# Params that do not change the trained weights (a checkpoint stays valid across them).
+NOT_IN_KEY = ("checkpoint_every", "max_memory_gib")
+
+
+@dataclass
+class TrainInputs:
+    store: FeatureStore
+    embed: Tensor  # target input embedding [V, H]
+    head: Tensor  # target lm_head [V, H]
+    d2t: Tensor  # int64 [K]
+    t2d: Tensor  # bool [V]
+    drafter_cfg: DrafterConfig  # final: train.fc_norm / norm_output / intermediate_size applied
+    run_key: str = ""  # identifies params + inputs; a checkpoint with another key is not resumed
+    final_norm: Tensor | None = None  # target final norm as a Llama RMSNorm weight [H] (head_init: target)
+
+
+def precision(p: TrainParams, cfg: DrafterConfig | None = None) -> tuple[torch.dtype, bool]:
+    """(master weight dtype, bf16 autocast on?) for train.dtype (auto: measured for the drafter's sizes)."""
+    dtype = resolve_dtype(p.dtype, "train", Shape.of(cfg) if cfg is not None else None)
+    if dtype == torch.bfloat16:
+        return torch.float32, True  # bf16 compute, float32 master weights and optimizer state
+    return dtype, False
+
+
+def drafter_config(base: DrafterConfig, p: TrainParams) -> DrafterConfig:
+    """`base` (sizes from the target) with the architecture choices of train params applied."""
+    return replace(
+        base,
+        intermediate_size=p.intermediate_size or base.intermediate_size,
+        fc_norm=p.fc_norm,
+        norm_output=p.norm_output,
+    )
+
+
+def estimate_peak_gib(cfg: DrafterConfig, p: TrainParams) -> float:
+    """A conservative estimate of training memory (activations dominate: logits of every step)."""
+    h, k, v, i = cfg.hidden_size, cfg.draft_vocab_size, cfg.vocab_size, cfg.intermediate_size
+    tokens = p.batch_size * p.seq_len
+    per_step = tokens * (k * 12 + h * 80 + i * 16) + p.batch_size * p.seq_len * p.seq_len * p.ttt_length
+    weights = (k * h + 4 * h * h + 3 * h * i + 3 * h * h) * 16 + v * h * 4
+    target = tokens * k * 2 + v * h * 2
+    runtime = 0.5 * 2**30  # interpreter, torch and allocator slack (bench/train.py measures peak RSS)
+    return (per_step * p.ttt_length + weights + target + runtime) / 2**30
+
+
+def check_memory(cfg: DrafterConfig, p: TrainParams) -> float:
+    gib = estimate_peak_gib(cfg, p)
+    if gib > p.max_memory_gib:
+        raise ValueError(
+            f"train: estimated peak memory {gib:.1f} GiB for a draft vocabulary of {cfg.draft_vocab_size:,} "
+            f"(batch_size {p.batch_size} x seq_len {p.seq_len}, ttt_length {p.ttt_length}) exceeds "
+            f"train.max_memory_gib={p.max_memory_gib}; lower vocab.size, train.batch_size or train.seq_len, "
+            "or raise train.max_memory_gib"
+        )
+    return gib
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def run_key(p: TrainParams, cfg: DrafterConfig, features_sha256: str, mapping_sha256: str) -> str:
+    """The identity of a training run: the params that shape the weights, the config, the inputs."""
+    train = {k: v for k, v in p.model_dump().items() if k not in NOT_IN_KEY}
+    material = {"train": train, "cfg": cfg.as_dict(), "features": features_sha256, "mapping": mapping_sha256}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _require(paths: dict[Path, str]) -> None:
+    for path, stage in paths.items():
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: run the {stage} stage first")
+
+
+def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) -> TrainInputs:
+    """Read and cross-check every input (the extract, vocab-map and patch-check outputs)."""
+    _require({report: "patch-check", features / MANIFEST: "extract", mapping: "vocab-map"})
+    report_fp = read_json(report)["fingerprint"]
+    store = FeatureStore(features)  # refuses an edited manifest
+    d2t, t2d, meta = load_mapping(mapping)  # refuses a damaged or mismatched mapping file
+    base = DrafterConfig.from_target_config(load_target_config(params.target), len(d2t), store.aux_layers)
+    cfg = drafter_config(base, params.train)
+    features_sha256 = file_sha256(features / MANIFEST)
+    folder = Path(resolve_target(params.target.source))  # a hub id has no local tokenizer to check
+    check_inputs(
+        report_fp,
+        store.fingerprint,
+        store.aux_layers,
+        meta,
+        d2t,
+        t2d,
+        cfg,
+        features_sha256=features_sha256,
+        vocab_size=params.vocab.size,
+        target_tokenizer_sha256=tokenizer_sha256(folder) if folder.is_dir() else None,
+    )
+    check_memory(cfg, params.train)
+    store.verify()  # every shard and the token file against the manifest's sha256
+    master, autocast = precision(params.train, cfg)
+    embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
+    norm = load_target_final_norm(params.target.source, master)
+    key = run_key(params.train, cfg, features_sha256, file_sha256(mapping / MAPPING))
+    return TrainInputs(store, embed, head, d2t, t2d, cfg, key, norm)

@@ -1,0 +1,84 @@
+"""What a training run reports: the stage's metrics file, its plots, and its MLflow run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle3.device import machine
+from eagle3.stageio import write_csv
+from eagle3.tracking import StageRun
+from eagle3.train.loop import TrainOutcome
+
+
+def per_position(summary: dict) -> dict:
+    """{acc_k, loss_k} of a per-TTT-position summary, rounded for the metrics file."""
+    out = {f"acc_{k}": round(a, 6) for k, a in enumerate(summary["acc"])}
+    out |= {f"loss_{k}": round(x, 6) for k, x in enumerate(summary["loss"])}
+    return out
+
+
+def stage_metrics(outcome: TrainOutcome) -> dict:
+    """metrics/train.json: the held-out figures that decide a drafter, and what produced them."""
+    m = outcome.metrics
+    return {
+        # named apart from speculative-eval's measured figures: both land in one MLflow run
+        "sim_acceptance_length": round(m["acceptance_length"], 4),
+        "heldout_acc_0": round(m["heldout_acc_0"], 6),
+        "chance_acc": m["chance_acc"],
+        "heldout": per_position(m["heldout"]),
+        "train": per_position(m["train"]),
+        "chain_survival": {
+            f"depth_{k + 1}": round(s, 6) for k, s in enumerate(m["heldout"]["chain_survival"])
+        },
+        "steps": m["steps"],
+        "train_tokens": m["train_tokens"],
+        "heldout_tokens": m["heldout_tokens"],
+        "draft_vocab_size": outcome.drafter.cfg.draft_vocab_size,
+        "processes": m["processes"],
+        "dtype": m["dtype"],
+        "train_tokens_per_s": round(m["tokens_per_s"] or 0.0, 1),
+    }
+
+
+def write_plots(outcome: TrainOutcome, folder: Path) -> None:
+    """train_curve.csv (per step) and train_acc_by_position.csv (per TTT position)."""
+    held, train = outcome.metrics["heldout"], outcome.metrics["train"]
+    positions = range(len(held["acc"]))
+    keys = ["step", "epoch", "lr", "loss"] + [f"acc_{k}" for k in positions]
+    write_csv(folder / "train_curve.csv", keys, [[row[k] for k in keys] for row in outcome.curve])
+    write_csv(
+        folder / "train_acc_by_position.csv",
+        ["ttt_position", "heldout_acc", "train_acc", "heldout_loss"],
+        [[k, held["acc"][k], train["acc"][k], held["loss"][k]] for k in positions],
+    )
+
+
+def summary_line(metrics: dict, out: Path) -> str:
+    return (
+        f"drafter: held-out top-1 acc at TTT position 0 {metrics['heldout_acc_0']:.3f} "
+        f"(chance {metrics['chance_acc']:.5f}), "
+        f"simulated acceptance length {metrics['sim_acceptance_length']:.2f}, "
+        f"{metrics['train_tokens_per_s']:,.0f} tok/s -> {out}"
+    )
+
+
+class RunLogger:
+    """Logs a training run to its MLflow run: each step, each epoch's held-out figures, the end."""
+
+    def __init__(self, run: StageRun):
+        self.run = run
+
+    def on_step(self, row: dict) -> None:
+        metrics = {f"train.{k}": v for k, v in row.items() if k not in ("step", "epoch")}
+        self.run.log_metrics(metrics, step=row["step"])
+
+    def on_epoch(self, result: dict) -> None:
+        held = result["heldout"]
+        metrics = {"heldout.acceptance_length": held["acceptance_length"]}
+        metrics |= {f"heldout.{k}": v for k, v in per_position(held).items()}
+        self.run.log_metrics(metrics, step=result["epoch"])
+
+    def finish(self, metrics: dict, dtype: str, drafter_config: Path) -> None:
+        self.run.log_metrics({k: v for k, v in metrics.items() if k != "chance_acc"})
+        self.run.set_tags({"train.dtype": dtype, "train.machine": machine()})
+        self.run.log_artifact(drafter_config, "drafter")
