@@ -178,7 +178,7 @@ class EvalParams(Section):
     categories: list[str] | None = Field(default=None, min_length=1)
     max_new_tokens: int = Field(default=128, ge=1)
     # chain by default: on an AVX2 CPU verifying n tokens costs ~1.7x (n=3) to 2.3x (n=17) a
-    # one-token step, so wide trees only pay off with a strong drafter (see eagle3/spec).
+    # one-token step, so wide trees only pay off with a strong drafter (see eagle3/decoding).
     mode: Literal["chain", "tree"] = "chain"
     # Chain: tokens drafted per step. Tree: depth of the draft tree.
     k: int = Field(default=1, ge=1, le=32)

@@ -24,7 +24,7 @@ def smollm2() -> Target:
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
-    """torch on one thread for the test, restored after: the tiny models of the test_spec_*
+    """torch on one thread for the test, restored after: the tiny models of the test_decoding_*
     files run faster on one thread than on two, the real model does not."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)

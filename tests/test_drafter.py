@@ -313,9 +313,9 @@ def test_intermediate_size_sets_the_mlp_width_and_is_exported(tmp_path):
 @pytest.mark.parametrize("setting", [dict(mode="chain", k=4), dict(mode="tree", k=3, topk=2, tree_budget=6)])
 def test_eagle31_drafter_runs_in_the_unchanged_engine(setting):
     """The engine only calls forward / logits / project, so a 3.1 drafter decodes losslessly as is."""
-    from test_spec_fixtures import EOS, engine, prompts, random_drafter, tiny_target  # noqa: PLC0415
+    from test_decoding_fixtures import EOS, engine, prompts, random_drafter, tiny_target  # noqa: PLC0415
 
-    from eagle3.spec.engine import greedy_decode  # noqa: PLC0415
+    from eagle3.decoding.engine import greedy_decode  # noqa: PLC0415
 
     target = tiny_target(seed=3)
     base = random_drafter(target, draft_vocab=64)

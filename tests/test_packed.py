@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
-from test_spec_fixtures import EOS, engine, fitted_pair, prompts, tiny_target
+from test_decoding_fixtures import EOS, engine, fitted_pair, prompts, tiny_target
 from torch import nn
 
+from eagle3.decoding.engine import greedy_decode
 from eagle3.packed import PackedLinear, pack_linears, packing_available
-from eagle3.spec.engine import greedy_decode
 
 pytestmark = [
     pytest.mark.skipif(

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from eagle3.spec.divergence import Divergence, check_divergence
-from eagle3.spec.engine import Generation, SpecEngine, greedy_decode
-from eagle3.spec.stats import Totals, bootstrap_intervals, per_category
+from eagle3.decoding.divergence import Divergence, check_divergence
+from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
+from eagle3.decoding.stats import Totals, bootstrap_intervals, per_category
 
 
 @dataclass
@@ -193,6 +193,6 @@ def prompt_totals(run: EvalRun) -> Totals:
 
 def summarize_spread(run: EvalRun, categories: Sequence[str], k: int, seed: int) -> dict:
     """Beside summarize(): `per_category` metrics (`categories` aligned with the results) and
-    bootstrap intervals over prompts, `<metric>_ci` (see eagle3/spec/stats.py)."""
+    bootstrap intervals over prompts, `<metric>_ci` (see eagle3/decoding/stats.py)."""
     totals = prompt_totals(run)
     return {"per_category": per_category(totals, categories, k), **bootstrap_intervals(totals, seed)}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
-from test_spec_fixtures import engine, prompts, random_drafter, tiny_target
+from test_decoding_fixtures import engine, prompts, random_drafter, tiny_target
 
-from eagle3.spec.verify import sample_chain, sample_tree
+from eagle3.decoding.verify import sample_chain, sample_tree
 
 # Tiny models: one thread is faster than two (and kinder to a shared CPU).
 pytestmark = pytest.mark.usefixtures("one_thread")

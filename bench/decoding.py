@@ -1,6 +1,6 @@
 """Speculative vs plain greedy decoding, measured as ratios in one run (median over prompts).
 
-    python -m bench.spec [--drafter artifacts/train/drafter] [--dtype float32] [--prompts 6]
+    python -m bench.decoding [--drafter artifacts/train/drafter] [--dtype float32] [--prompts 6]
         [--tokens 64] [--mode tree --k 4 --topk 4 --budget 16] [--threads N] [--lookup 4] [--no-pack]
 
 Each prompt is decoded plain, speculatively (and with prompt lookup) back to back, in
@@ -16,14 +16,14 @@ import statistics
 from pathlib import Path
 
 from eagle3.data.render import render_prompt, user_turn
+from eagle3.decoding.engine import SpecEngine
+from eagle3.decoding.evaluate import run_comparison, summarize
+from eagle3.decoding.prompts import load_prompts
 from eagle3.device import machine
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import load_drafter
 from eagle3.packed import pack_linears
 from eagle3.params import TargetParams, default_aux_layers
-from eagle3.spec.engine import SpecEngine
-from eagle3.spec.evaluate import run_comparison, summarize
-from eagle3.spec.prompts import load_prompts
 from eagle3.target.load import DTYPES, eos_token_ids, load_target
 
 

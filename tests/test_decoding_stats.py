@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from eagle3.spec.stats import (
+from eagle3.decoding.stats import (
     Totals,
     acceptance_length,
     bootstrap_intervals,
@@ -172,8 +172,8 @@ def test_per_category_pools_each_category_in_order_of_appearance():
 
 
 def test_pooled_category_equals_the_headline_metrics():
-    from eagle3.spec.engine import Generation
-    from eagle3.spec.evaluate import EvalRun, PromptResult, summarize, summarize_spread
+    from eagle3.decoding.engine import Generation
+    from eagle3.decoding.evaluate import EvalRun, PromptResult, summarize, summarize_spread
 
     def result(pid: str, accepted: list[int], n: int, secs: float) -> PromptResult:
         spec = Generation(tokens=list(range(n)), seconds=secs, accepted=accepted)
@@ -196,7 +196,7 @@ def test_pooled_category_equals_the_headline_metrics():
 def test_console_table_and_interval_line():
     from rich.console import Console
 
-    from eagle3.spec.report import category_table, interval_line
+    from eagle3.decoding.report import category_table, interval_line
 
     t = totals(4)
     metrics = point_metrics(t.sum_over(np.arange(4)), k=4) | {"num_prompts": 4}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_spec_fixtures import prompts, tiny_target
+from test_decoding_fixtures import prompts, tiny_target
 from transformers import DynamicCache
 
-from eagle3.spec.engine import TargetRunner
-from eagle3.spec.kv import keep_verified
-from eagle3.spec.tree import DraftTree, ancestor_matrix, verify_mask
-from eagle3.spec.verify import greedy_tree
+from eagle3.decoding.engine import TargetRunner
+from eagle3.decoding.kv import keep_verified
+from eagle3.decoding.tree import DraftTree, ancestor_matrix, verify_mask
+from eagle3.decoding.verify import greedy_tree
 
 # Tiny models: one thread is faster than two (and kinder to a shared CPU).
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -25,10 +25,10 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from eagle3.decoding import verify
+from eagle3.decoding.kv import keep_verified
+from eagle3.decoding.tree import DraftTree, verify_mask
 from eagle3.drafter import DrafterCache, Eagle3Drafter
-from eagle3.spec import verify
-from eagle3.spec.kv import keep_verified
-from eagle3.spec.tree import DraftTree, verify_mask
 from eagle3.target.capture import capture_hidden_states
 
 

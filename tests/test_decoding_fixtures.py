@@ -1,4 +1,4 @@
-"""Tiny real components for the speculative-decoding tests (imported by the test_spec_* files).
+"""Tiny real components for the speculative-decoding tests (imported by the test_decoding_* files).
 
 A random 4-layer Llama (transformers) as the target, and EAGLE-3 drafters over it: a random
 one (the "bad" drafter: lossless but slow) and one briefly fitted to the target's own greedy
@@ -13,8 +13,8 @@ import functools
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.spec.engine import SpecEngine, greedy_decode
 from eagle3.target.capture import capture_hidden_states
 
 V, H, LAYERS = 320, 64, 4

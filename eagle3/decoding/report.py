@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from eagle3.spec.stats import LEVEL, RESAMPLES
+from eagle3.decoding.stats import LEVEL, RESAMPLES
 from eagle3.stageio import write_csv
 
 # (metric key, column title) of the per-category table.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_spec_fixtures import EOS, V, engine, fitted_pair, prompts, random_drafter, tiny_target
+from test_decoding_fixtures import EOS, V, engine, fitted_pair, prompts, random_drafter, tiny_target
 
+from eagle3.decoding import verify
+from eagle3.decoding.engine import SpecEngine, greedy_decode
+from eagle3.decoding.evaluate import run_comparison, summarize
 from eagle3.params import ParamsError, parse_params
-from eagle3.spec import verify
-from eagle3.spec.engine import SpecEngine, greedy_decode
-from eagle3.spec.evaluate import run_comparison, summarize
 
 # Tiny models: one thread is faster than two (and kinder to a shared CPU).
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from eagle3.spec.engine import TargetRunner
+from eagle3.decoding.engine import TargetRunner
 
 ROUNDING_UNITS = 4.0  # floor of the tolerance, in eps(dtype) * max|logit|
 
