@@ -7,6 +7,7 @@ temporary file that is renamed into place.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -40,6 +41,25 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sha256_file(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def sha256_files(files: list[Path]) -> str:
+    """One digest of several files: each name and its sha256, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.name):
+        digest.update(path.name.encode())
+        digest.update(sha256_file(path).encode())
+    return digest.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Digest of a JSON-able value, independent of key order (config and run keys)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:

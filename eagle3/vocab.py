@@ -28,6 +28,11 @@ MAPPING = "mapping.safetensors"
 META = "vocab.json"
 
 
+def draft_to_target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """Target id of every draft slot: target = draft + d2t[draft] (SGLang's d2t convention)."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t.long()
+
+
 @dataclass
 class VocabMap:
     d2t: torch.Tensor  # int64 [K]
@@ -41,7 +46,7 @@ class VocabMap:
 
     @property
     def draft_to_target(self) -> torch.Tensor:
-        return torch.arange(self.draft_size) + self.d2t
+        return draft_to_target_ids(self.d2t)
 
     @property
     def unseen_filled(self) -> int:

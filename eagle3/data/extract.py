@@ -7,8 +7,6 @@ exactly what an uninterrupted run would (byte-identical shards).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from eagle3.data.store import (
     write_tokens,
 )
 from eagle3.params import Params
+from eagle3.stageio import sha256_json
 from eagle3.target.capture import capture_hidden_states
 from eagle3.target.load import Target, eos_token_ids, has_chat_template
 
@@ -153,7 +152,7 @@ TRANSPORT_KEYS = {"sglang_url", "sglang_final_url", "sglang_requests_in_flight"}
 def config_hash(params: Params, fingerprint: dict) -> str:
     extract = params.extract.model_dump(exclude=TRANSPORT_KEYS)
     material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return sha256_json(material)
 
 
 def _progress() -> Progress:

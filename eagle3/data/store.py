@@ -22,7 +22,6 @@ damaged or missing ones. Hidden states that are not finite are refused before th
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -33,8 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_tensors
 
 from eagle3.inputs import InputError
-from eagle3.stageio import write_bytes, write_json
-from eagle3.target.load import sha256_file
+from eagle3.stageio import sha256_file, sha256_json, write_bytes, write_json
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -148,8 +146,7 @@ def write_journal(folder: Path, config_hash: str, shards: list[dict]) -> None:
 
 def manifest_checksum(manifest: dict) -> str:
     """sha256 of the manifest's content without its own checksum (sorted keys: any edit shows)."""
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return sha256_json({k: v for k, v in manifest.items() if k != "checksum"})
 
 
 def write_manifest(folder: Path, manifest: dict, config_hash: str) -> dict:

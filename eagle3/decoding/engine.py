@@ -126,11 +126,8 @@ class SpecEngine:
             raise ValueError(f"eval.topk and eval.tree_budget must be >= 1 (got {topk}, {tree_budget})")
         if temperature < 0:
             raise ValueError(f"eval.temperature must be >= 0 (got {temperature})")
-        if drafter.cfg.vocab_size != model.config.vocab_size:
-            raise ValueError(
-                f"drafter vocab_size {drafter.cfg.vocab_size} != target vocab_size "
-                f"{model.config.vocab_size}: the drafter was trained for another target"
-            )
+        if why := drafter.cfg.mismatch(model.config.vocab_size, len(decoder_layers)):
+            raise ValueError(f"the drafter was {why}")
         self.model, self.drafter = model, drafter
         self.target = TargetRunner(model)
         self.layers, self.norm = decoder_layers, final_norm

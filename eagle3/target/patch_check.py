@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 import transformers
 
+from eagle3.stageio import sha256_files
 from eagle3.target.capture import capture_hidden_states
-from eagle3.target.load import Target, sha256_file
+from eagle3.target.load import Target
 
 CHECK_PROMPTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -36,16 +37,10 @@ class PatchCheckError(AssertionError):
 
 
 def _files_sha256(folder: Path, patterns: tuple[str, ...]) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    files = sorted(p for pattern in patterns for p in folder.glob(pattern))
+    files = [p for pattern in patterns for p in folder.glob(pattern)]
     if not files:
         raise FileNotFoundError(f"no {' / '.join(patterns)} files in {folder}")
-    for path in files:
-        digest.update(path.name.encode())
-        digest.update(sha256_file(path).encode())
-    return digest.hexdigest()
+    return sha256_files(files)
 
 
 def _local_folder(target: Target) -> Path:

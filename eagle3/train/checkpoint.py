@@ -11,7 +11,7 @@ is reported by name and not resumed (the run starts afresh and overwrites it).
 from __future__ import annotations
 
 import hashlib
-import os
+import io
 import random
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from eagle3.drafter.model import Eagle3Drafter
+from eagle3.stageio import write_bytes
 
 CHECKPOINT = "last.pt"
 
@@ -80,11 +81,9 @@ def digest(state: object) -> str:
 
 def write_checkpoint(path: Path, state: dict) -> None:
     """Write `state` with its sha256, atomically (an interruption leaves the last one intact)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = state | {"sha256": digest(state)}
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    torch.save(state | {"sha256": digest(state)}, buffer)
+    write_bytes(path, buffer.getvalue())
 
 
 def read_checkpoint(path: Path, run_key: str) -> tuple[dict | None, str]:

@@ -12,6 +12,7 @@ import torch
 
 from eagle3.drafter.config import DrafterConfig
 from eagle3.inputs import InputError
+from eagle3.vocab import draft_to_target_ids
 
 
 def _mismatch(what: str, key: str, got: object, expected: object, fix: str) -> InputError:
@@ -96,6 +97,6 @@ def check_inputs(
             f"the vocab mapping is inconsistent: d2t has {len(d2t)} entries, t2d marks {int(t2d.sum())}; "
             + rerun_vocab
         )
-    targets = torch.arange(len(d2t)) + d2t
+    targets = draft_to_target_ids(d2t)
     if int(targets.min()) < 0 or int(targets.max()) >= cfg.vocab_size or not bool(t2d[targets].all()):
         raise InputError("the vocab mapping is inconsistent: d2t points outside t2d; " + rerun_vocab)

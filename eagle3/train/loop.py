@@ -37,6 +37,7 @@ from eagle3.train.data import Batch, BatchSource, split_samples, target_in_draft
 from eagle3.train.distributed import all_reduce, barrier, device_of, init_distributed
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
 from eagle3.train.ttt import TTTModel, acceptance_length, flops_per_token_step, step_valid
+from eagle3.vocab import draft_to_target_ids
 
 __all__ = ["CHECKPOINT", "TrainInputs", "TrainOutcome", "TrainRecipe", "train_drafter", "trainable_state"]
 
@@ -113,7 +114,7 @@ class TrainRecipe:
     def _setup_model(self) -> None:
         p, inputs = self.p, self.inputs
         compute = torch.bfloat16 if self.autocast else self.master
-        head_rows = inputs.head[torch.arange(self.cfg.draft_vocab_size) + inputs.d2t]  # the K draft rows
+        head_rows = inputs.head[draft_to_target_ids(inputs.d2t)]  # the K draft rows
         drafter = Eagle3Drafter(self.cfg, inputs.embed.to(compute)).to(self.master)
         drafter.embed_tokens.weight.data = inputs.embed.to(compute)
         drafter.set_vocab_mapping(inputs.d2t, inputs.t2d)

@@ -8,8 +8,6 @@ lm_head and final norm. The loop takes what it returns as given.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.device import Shape, resolve_dtype
 from eagle3.drafter.config import DrafterConfig
 from eagle3.params import Params, TrainParams
-from eagle3.stageio import read_json
+from eagle3.stageio import read_json, sha256_file, sha256_json
 from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads
@@ -83,16 +81,11 @@ def check_memory(cfg: DrafterConfig, p: TrainParams) -> float:
     return gib
 
 
-def file_sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def run_key(p: TrainParams, cfg: DrafterConfig, features_sha256: str, mapping_sha256: str) -> str:
     """The identity of a training run: the params that shape the weights, the config, the inputs."""
     train = {k: v for k, v in p.model_dump().items() if k not in NOT_IN_KEY}
     material = {"train": train, "cfg": cfg.as_dict(), "features": features_sha256, "mapping": mapping_sha256}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return sha256_json(material)
 
 
 def _require(paths: dict[Path, str]) -> None:
@@ -109,7 +102,7 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
     d2t, t2d, meta = load_mapping(mapping)  # refuses a damaged or mismatched mapping file
     base = DrafterConfig.from_target_config(load_target_config(params.target), len(d2t), store.aux_layers)
     cfg = drafter_config(base, params.train)
-    features_sha256 = file_sha256(features / MANIFEST)
+    features_sha256 = sha256_file(features / MANIFEST)
     folder = Path(resolve_target(params.target.source))  # a hub id has no local tokenizer to check
     check_inputs(
         report_fp,
@@ -128,5 +121,5 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
     master, autocast = precision(params.train, cfg)
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
     norm = load_target_final_norm(params.target.source, master)
-    key = run_key(params.train, cfg, features_sha256, file_sha256(mapping / MAPPING))
+    key = run_key(params.train, cfg, features_sha256, sha256_file(mapping / MAPPING))
     return TrainInputs(store, embed, head, d2t, t2d, cfg, key, norm)
