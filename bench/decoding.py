@@ -58,11 +58,9 @@ def main() -> None:
     if not args.no_pack:  # as speculative-eval does (eval.pack_weights)
         pack_linears(target.model)
         pack_linears(drafter)
-    engine = SpecEngine(
-        target.model,
+    engine = SpecEngine.for_target(
+        target,
         drafter,
-        target.decoder_layers,
-        target.final_norm,
         mode=args.mode,
         k=args.k,
         topk=args.topk,

@@ -50,11 +50,9 @@ def main() -> None:
         if ev.pack_weights:  # the same packed target serves the baseline, the engine and the peer
             pack_linears(target.model)
             pack_linears(drafter)
-        engine = SpecEngine(
-            target.model,
+        engine = SpecEngine.for_target(
+            target,
             drafter,
-            target.decoder_layers,
-            target.final_norm,
             mode=ev.mode,
             k=ev.k,
             topk=ev.topk,

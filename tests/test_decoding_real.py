@@ -30,7 +30,7 @@ def test_smollm2_float64_speculative_equals_greedy(smollm2, setting):
     torch.manual_seed(0)
     embed = target.model.get_input_embeddings().weight
     drafter = Eagle3Drafter(cfg, embed).double().eval().requires_grad_(False)
-    engine = SpecEngine(target.model, drafter, target.decoder_layers, target.final_norm, **setting)
+    engine = SpecEngine.for_target(target, drafter, **setting)
     prompt = render_prompt(target.tokenizer, user_turn(load_prompts(None, 1)[0].text), chat=True).tolist()
     eos = eos_token_ids(target.model, target.tokenizer)
     base = greedy_decode(target.model, prompt, 10, eos)

@@ -30,6 +30,7 @@ from eagle3.decoding.kv import keep_verified
 from eagle3.decoding.tree import DraftTree, verify_mask
 from eagle3.drafter import DrafterCache, Eagle3Drafter
 from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import Target
 
 
 @dataclass
@@ -137,6 +138,11 @@ class SpecEngine:
         self.temperature = temperature
         self.generator = torch.Generator().manual_seed(seed)
         self.draft_to_target = drafter.to_target_ids(torch.arange(drafter.cfg.draft_vocab_size))
+
+    @classmethod
+    def for_target(cls, target: Target, drafter: Eagle3Drafter, **settings: object) -> SpecEngine:
+        """The engine over a loaded target (its model, decoder layers and final norm)."""
+        return cls(target.model, drafter, target.decoder_layers, target.final_norm, **settings)
 
     # -- probabilities -------------------------------------------------------------------------
 
