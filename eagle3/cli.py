@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 
 from eagle3.params import ParamsError, flatten, load_params, parse_params
+from eagle3.stageio import write_json
 
 
 def params_check(path: str) -> int:
@@ -66,7 +67,7 @@ def ship(name: str, drafter: str = "artifacts/train/drafter", folder: str = "dra
         for stage in ("extract", "vocab-map", "train", "speculative-eval")
         if (path := Path("metrics") / f"{stage}.json").exists()
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    write_json(out / "metrics.json", metrics)
     return out
 
 

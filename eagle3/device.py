@@ -32,6 +32,7 @@ from typing import Literal
 import torch
 
 from eagle3.packed import pack_linears, packing_available
+from eagle3.stageio import write_json
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 Job = Literal["prefill", "decode", "train"]
@@ -180,10 +181,7 @@ def cpu_policy(shape: Shape) -> dict:
     if path.exists():
         return json.loads(path.read_text())
     policy = {"machine": machine(), "shape": str(shape)} | measure_policy(shape)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(policy, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_json(path, policy)
     return policy
 
 
