@@ -38,8 +38,10 @@ def write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; outputs are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no half-written temp file behind
+        if isinstance(err, OSError) and err.filename is None:  # a failed write() names no file
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
 
 

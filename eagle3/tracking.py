@@ -10,6 +10,10 @@ for every `dvc exp run` (queued or not, dvc/repo/experiments/queue/base.py), whi
 `dvc queue start -j N` runs N experiments at once: their stages open the same sqlite store
 together, and MLflow's first-time schema migration is not safe against that, so opening the
 store and finding/creating the experiment and run happen under a file lock.
+
+Tracking is best-effort: a store that is unreachable or locked costs one warning line, never a
+stage's outputs or metrics (those are written whether or not MLflow answers, and the next stage
+that reaches the store logs the upstream metrics files again).
 """
 
 from __future__ import annotations
@@ -25,11 +29,29 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+from rich.console import Console
+from rich.markup import escape
 
 from eagle3.params import Params, flatten
 from eagle3.stageio import REPO_STAGES, metrics_path, read_json
 
 RUN_KEY_TAG = "eagle3.run_key"
+# MLflow retries a dead server for minutes by default (7 retries, backoff factor 2); a stage
+# should give up in seconds and keep its outputs. A user's own settings win.
+HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+STORE_LOCK_TIMEOUT_S = 600
+
+_console = Console(stderr=True)
+
+
+def warn_tracking_failed(uri: str, err: BaseException) -> None:
+    """One line, not a traceback: what failed and that nothing of the stage was lost."""
+    reason = (str(err).strip().splitlines() or [""])[0][:200]
+    _console.print(
+        f"[yellow]warning:[/] MLflow tracking at {escape(uri)} failed ({type(err).__name__}: "
+        f"{escape(reason)}); this stage's outputs and metrics are written, only the MLflow run misses them",
+        soft_wrap=True,
+    )
 
 
 def repo_root() -> Path:
@@ -50,7 +72,7 @@ def store_lock(uri: str) -> AbstractContextManager[Any]:
     if not uri.startswith("sqlite:///"):
         return nullcontext()
     key = hashlib.sha256(uri.removeprefix("sqlite:///").encode()).hexdigest()[:16]
-    return FileLock(Path(tempfile.gettempdir()) / f"eagle3-mlflow-{key}.lock", timeout=600)
+    return FileLock(Path(tempfile.gettempdir()) / f"eagle3-mlflow-{key}.lock", timeout=STORE_LOCK_TIMEOUT_S)
 
 
 def git_revision(cwd: Path | None = None) -> str:
@@ -91,26 +113,43 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class StageRun:
-    """What a stage may log; a no-op when tracking is disabled."""
+    """What a stage may log; a no-op when tracking is disabled or once the store has failed
+    (warned about once: a long training run keeps going without its MLflow run)."""
 
-    def __init__(self, mlflow_module: Any | None, run_id: str | None):
+    def __init__(self, mlflow_module: Any | None, run_id: str | None, uri: str = ""):
         self._mlflow = mlflow_module
         self.run_id = run_id
+        self._uri = uri
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
+        if self._mlflow is None:
+            return
+        try:
+            getattr(self._mlflow, method)(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - any store failure: warn once, stop tracking
+            warn_tracking_failed(self._uri, err)
+            self._mlflow = None
+
+    @property
+    def active(self) -> bool:
+        return self._mlflow is not None
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        if self._mlflow is not None:
-            flat = numeric_metrics(metrics)
-            if flat:
-                self._mlflow.log_metrics(flat, step=step)
+        flat = numeric_metrics(metrics)
+        if flat:
+            self._call("log_metrics", flat, step=step)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Text facts of the run (machine, resolved dtypes): MLflow metrics are numbers only."""
-        if self._mlflow is not None and tags:
-            self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+        if tags:
+            self._call("set_tags", {k: str(v) for k, v in tags.items()})
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        if self._mlflow is not None and Path(path).exists():
-            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+        if Path(path).exists():
+            self._call("log_artifact", str(path), artifact_path=artifact_path)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self._call("end_run", status)
 
 
 def _experiment_id(mlflow: Any, name: str) -> str:
@@ -152,18 +191,30 @@ def pipeline_run(params: Params, stage: str) -> Iterator[StageRun]:
     if not params.tracking.enabled:
         yield StageRun(None, None)
         return
+    for name, value in HTTP_RETRY_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     import mlflow  # noqa: PLC0415 - slow import, only when tracking is on
 
     uri = tracking_uri(params)
-    mlflow.set_tracking_uri(uri)
-    with store_lock(uri):
-        experiment_id = _experiment_id(mlflow, params.tracking.experiment)
-        run_id = _find_or_create_run(mlflow, experiment_id, run_key(params), params)
-    with mlflow.start_run(run_id=run_id):
-        mlflow.set_tag(f"eagle3.stage.{stage}", "ran")
-        run = StageRun(mlflow, run_id)
-        for upstream in REPO_STAGES[: REPO_STAGES.index(stage)]:
-            path = metrics_path(upstream)
-            if path.exists():
-                run.log_metrics(read_json(path))
+    try:
+        mlflow.set_tracking_uri(uri)
+        with store_lock(uri):
+            experiment_id = _experiment_id(mlflow, params.tracking.experiment)
+            run_id = _find_or_create_run(mlflow, experiment_id, run_key(params), params)
+        mlflow.start_run(run_id=run_id)
+    except Exception as err:  # noqa: BLE001 - unreachable, locked, broken: the stage goes on
+        warn_tracking_failed(uri, err)
+        yield StageRun(None, None)
+        return
+    run = StageRun(mlflow, run_id, uri)
+    run.set_tags({f"eagle3.stage.{stage}": "ran"})
+    for upstream in REPO_STAGES[: REPO_STAGES.index(stage)]:
+        path = metrics_path(upstream)
+        if path.exists():
+            run.log_metrics(read_json(path))
+    try:
         yield run
+    except BaseException:
+        run.end("FAILED")
+        raise
+    run.end()

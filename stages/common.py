@@ -3,6 +3,8 @@ one clear line and a non-zero exit instead of a traceback."""
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +20,9 @@ console = Console(stderr=True)
 EXPECTED = (ParamsError, ValueError, FileNotFoundError, AssertionError, RuntimeError)
 # Of those, the ones that mean "fix your input" (params, files, data) exit with 2, like argparse.
 BAD_INPUT = (ParamsError, InputError)
+# A full disk (or quota, or file-size limit): every output is written atomically, so nothing
+# half-written stays behind and a re-run after freeing space resumes from what is complete.
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def validated_params(path: str = "params.yaml") -> Params:
@@ -32,8 +37,17 @@ def validated_params(path: str = "params.yaml") -> Params:
 def reported_failures(stage: str) -> Iterator[None]:
     try:
         yield
-    except EXPECTED as err:
-        message = str(err)
+    except (*EXPECTED, OSError) as err:
+        if isinstance(err, OSError) and err.errno in DISK_FULL:
+            where = err.filename or os.getcwd()
+            message = (
+                f"{os.strerror(err.errno)} writing {where}: free space and re-run "
+                "(complete outputs are kept and the run resumes from them)"
+            )
+        elif isinstance(err, EXPECTED):
+            message = str(err)
+        else:
+            raise
         if isinstance(err, ParamsError):  # its problems as one line, not a list
             message = "invalid params: " + "; ".join(err.problems)
         # soft_wrap: the message stays one line at any terminal width (and greppable in logs)
