@@ -188,6 +188,19 @@ def kill_at(project: Path, stage: str, delay: float) -> bool:
         return True
 
 
+def kill_after_files(project: Path, stage: str, watch: str, count: int) -> bool:
+    """Start `stage`, SIGKILL it once `watch` holds `count` files (a point in its progress, not
+    in wall time, so a faster or slower machine cannot miss it); False if it finished first."""
+    proc = start(project, stage)
+    while proc.poll() is None:
+        if (project / watch).exists() and sum(1 for p in (project / watch).iterdir()) >= count:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def kill_points(rng: random.Random, window: tuple[float, float], n: int) -> list[float]:
     first, total = window
     lo = max(first * 0.8, 0.0)  # a little before the first output: its write is in flight
