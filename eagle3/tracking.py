@@ -130,10 +130,6 @@ class StageRun:
             warn_tracking_failed(self._uri, err)
             self._mlflow = None
 
-    @property
-    def active(self) -> bool:
-        return self._mlflow is not None
-
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         flat = numeric_metrics(metrics)
         if flat:
