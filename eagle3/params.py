@@ -177,14 +177,19 @@ class EvalParams(Section):
     # null = all categories, else only these (checked against the file before any model loads).
     categories: list[str] | None = Field(default=None, min_length=1)
     max_new_tokens: int = Field(default=128, ge=1)
-    # chain by default: on an AVX2 CPU verifying n tokens costs ~1.7x (n=3) to 2.3x (n=17) a
-    # one-token step, so wide trees only pay off with a strong drafter (see eagle3/decoding).
-    mode: Literal["chain", "tree"] = "chain"
-    # Chain: tokens drafted per step. Tree: depth of the draft tree.
+    # tree by default: on a CPU a 9- to 13-token verification of a 135M target costs ~1.2-1.4x a
+    # one-token step (oneDNN-packed float32), so trying the drafter's top-k at once and a
+    # prompt-lookup branch pays (python -m bench.trees; README "Results").
+    mode: Literal["chain", "tree"] = "tree"
+    # Chain: tokens drafted per step. Tree: depth of the draft tree (<= train.ttt_length).
     k: int = Field(default=1, ge=1, le=32)
     # Tree only: children expanded per node and total draft tokens verified per step.
-    topk: int = Field(default=2, ge=1, le=64)
+    topk: int = Field(default=8, ge=1, le=64)
     tree_budget: int = Field(default=8, ge=1, le=512)
+    # Tree only: graft the prompt-lookup continuation (up to this many tokens) onto each draft
+    # tree as one more branch (eagle3/decoding/lookup.py); 0 = the drafter's tree alone, which is
+    # what SGLang and vLLM serve. `drafter_acceptance_length` is the drafter's own share.
+    lookup_tokens: int = Field(default=4, ge=0, le=64)
     temperature: float = Field(default=0.0, ge=0)
     seed: int = 0
     # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32: on AVX2-only CPUs a
@@ -204,6 +209,11 @@ class EvalParams(Section):
     def _tree_budget(self) -> EvalParams:
         if self.mode == "tree" and self.tree_budget < self.k:
             raise ValueError(f"tree_budget ({self.tree_budget}) must be >= k ({self.k}) in tree mode")
+        if self.lookup_tokens and self.mode != "tree":
+            raise ValueError(
+                f"lookup_tokens ({self.lookup_tokens}) grafts a branch onto a draft tree: it needs "
+                "mode: tree (or lookup_tokens: 0)"
+            )
         return self
 
 

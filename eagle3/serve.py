@@ -65,4 +65,9 @@ def serve_commands(
         )
     if params.eval.mode == "tree":
         notes.append("vLLM drafts a chain of num_speculative_tokens; the tree shape applies to SGLang only")
+    if params.eval.lookup_tokens:
+        notes.append(
+            f"eval.lookup_tokens ({params.eval.lookup_tokens}): neither server grafts a prompt-lookup "
+            "branch onto EAGLE-3 trees, so expect the speed measured with eval.lookup_tokens: 0"
+        )
     return {"sglang": shlex.join(sglang), "vllm": shlex.join(vllm), "notes": "\n".join(notes)}

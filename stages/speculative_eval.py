@@ -57,6 +57,7 @@ def main() -> None:
             k=ev.k,
             topk=ev.topk,
             tree_budget=ev.tree_budget,
+            lookup_tokens=ev.lookup_tokens,
             temperature=ev.temperature,
             seed=ev.seed,
         )

@@ -9,7 +9,8 @@ State between steps (m = position of the newest committed token x_m):
 One step: (1) the drafter runs the pending pairs, its last output drafts x_{m+1}; further
 draft steps feed its own hidden state forward (chain: k tokens; tree: the top-k children of
 the best `topk` nodes per level, k levels, then the `tree_budget` best nodes by cumulative
-draft log-probability); its cache is cropped back to the committed pairs afterwards.
+draft log-probability, plus with `lookup_tokens` the prompt-lookup continuation grafted on as
+one more branch); its cache is cropped back to the committed pairs afterwards.
 (2) One target forward verifies x_m plus all drafted tokens (a tree uses an additive
 ancestor mask and explicit position ids) and captures the aux hidden states. (3) The
 acceptance rule (verify.py) picks the accepted path and the next token; the target's cache
@@ -27,7 +28,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from eagle3.decoding import verify
 from eagle3.decoding.kv import keep_verified
-from eagle3.decoding.tree import DraftTree, verify_mask
+from eagle3.decoding.lookup import lookup_continuation
+from eagle3.decoding.tree import DraftTree, graft_chain, verify_mask
 from eagle3.drafter import DrafterCache, Eagle3Drafter
 from eagle3.target.capture import capture_hidden_states
 from eagle3.target.load import Target
@@ -40,6 +42,9 @@ class Generation:
     tokens: list[int]
     seconds: float
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per verification
+    # of those, the leading run of drafter-made nodes: what the drafter's tree alone would have
+    # accepted in that step (exact for greedy; equal to `accepted` without a lookup branch)
+    drafter_accepted: list[int] = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
@@ -118,6 +123,7 @@ class SpecEngine:
         tree_budget: int = 16,
         temperature: float = 0.0,
         seed: int = 0,
+        lookup_tokens: int = 0,
     ):
         if mode not in ("chain", "tree"):
             raise ValueError(f"eval.mode must be 'chain' or 'tree' (got {mode!r})")
@@ -125,6 +131,10 @@ class SpecEngine:
             raise ValueError(f"eval.k must be >= 1 draft tokens per step (got {k})")
         if mode == "tree" and (topk < 1 or tree_budget < 1):
             raise ValueError(f"eval.topk and eval.tree_budget must be >= 1 (got {topk}, {tree_budget})")
+        if lookup_tokens < 0 or (lookup_tokens and mode != "tree"):
+            raise ValueError(
+                f"eval.lookup_tokens needs eval.mode 'tree' and must be >= 0 (got {lookup_tokens})"
+            )
         if temperature < 0:
             raise ValueError(f"eval.temperature must be >= 0 (got {temperature})")
         if why := drafter.cfg.mismatch(model.config.vocab_size, len(decoder_layers)):
@@ -136,6 +146,7 @@ class SpecEngine:
         self.mode, self.k, self.budget = mode, k, tree_budget
         self.topk = min(topk, drafter.cfg.draft_vocab_size)
         self.temperature = temperature
+        self.lookup_tokens = lookup_tokens
         self.generator = torch.Generator().manual_seed(seed)
         self.draft_to_target = drafter.to_target_ids(torch.arange(drafter.cfg.draft_vocab_size))
 
@@ -286,15 +297,24 @@ class SpecEngine:
                     hidden = target.hidden(ids, torch.arange(m, m + ids.shape[0]), cache)
                     accepted, nxt = self.accept_chain(draft.tolist(), q, hidden)
                     path = list(range(accepted + 1))
+                    drafter_accepted = accepted
                 else:
                     tree = self.draft_tree(last, m, dcache)
                     dcache.crop(m)
                     t1 = time.perf_counter()
                     ids, parents, depths = tree.with_root(out[-1])
+                    drafted = ids.shape[0]  # nodes past this index come from the lookup branch
+                    if self.lookup_tokens:  # the prompt-lookup continuation as one more branch
+                        chain = lookup_continuation(prompt_ids + out, self.lookup_tokens)
+                        ids, parents, depths = graft_chain(ids, parents, depths, chain)
                     mask = verify_mask(m, parents, depths, target.dtype)
                     hidden = target.hidden(ids, m + depths, cache, mask)
                     path, nxt = self.accept_tree(ids.tolist(), parents.tolist(), hidden)
                     accepted = len(path) - 1
+                    # the greedy walk leaves the drafter's tree only where it has no such child
+                    drafter_accepted = (
+                        next((i for i, node in enumerate(path) if node >= drafted), len(path)) - 1
+                    )
                 keep_verified(cache, ids.shape[0], path)
                 new = ids[path[1:]].tolist() + [nxt]
                 pending_aux = cap.aux_hidden()[:, path]
@@ -304,6 +324,7 @@ class SpecEngine:
                 result.draft_s += t1 - t0
                 result.verify_s += t2 - t1
                 result.accepted.append(accepted)
+                result.drafter_accepted.append(drafter_accepted)
                 out, done = _finish(out + new, max_new_tokens, eos_ids)
         result.tokens = out
         result.seconds = time.perf_counter() - start

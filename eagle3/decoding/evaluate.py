@@ -109,7 +109,8 @@ def run_comparison(
         if prompt_lookup_tokens:
             prompt_lookup_decode(model, warm, 4, eos_ids, prompt_lookup_tokens)
     run = EvalRun()
-    block = engine.k + 1  # the width of a chain verification (a tree's deepest path + root)
+    # the width of a chain verification (a tree's deepest path + root)
+    block = max(engine.k, engine.lookup_tokens) + 1
     for i, (pid, ids) in enumerate(prompts):
         outputs: dict[str, Generation] = {}
         shift = i % len(decoders)
@@ -144,12 +145,15 @@ def summarize(run: EvalRun, k: int, greedy: bool) -> dict:
     for pos in range(1, k + 1):
         reached = int((accepted >= pos - 1).sum())
         per_position[str(pos)] = float((accepted >= pos).sum()) / reached if reached else 0.0
+    drafter_accepted = sum(a for r in results for a in r.spec.drafter_accepted)
     metrics = {
         "num_prompts": len(results),
         "new_tokens": spec_tokens,
         "steps": steps,
         "acceptance_length": float(accepted.mean()) + 1 if steps else 0.0,
         "acceptance_rate": float(accepted.sum()) / (steps * k) if steps else 0.0,
+        # the drafter's own share: without a lookup branch equal to acceptance_length
+        "drafter_acceptance_length": drafter_accepted / steps + 1 if steps else 0.0,
         "per_position_acceptance": per_position,
         "tokens_per_s": tps,
         "baseline_tokens_per_s": base_tps,

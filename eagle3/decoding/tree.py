@@ -46,6 +46,29 @@ def verify_mask(past: int, parents: Tensor, depths: Tensor, dtype: torch.dtype) 
     return additive_mask(torch.cat([prefix, anc], dim=1), dtype)[None, None]
 
 
+def graft_chain(
+    tokens: Tensor, parents: Tensor, depths: Tensor, chain: list[int]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A verification tree (root first) with `chain` hung under its root: the chain follows
+    existing nodes while their tokens agree and grows new ones (appended, so parents still
+    precede children) from the first disagreement on. Siblings stay distinct."""
+    toks, pars, deps = tokens.tolist(), parents.tolist(), depths.tolist()
+    children: dict[tuple[int, int], int] = {
+        (p, t): i for i, (p, t) in enumerate(zip(pars, toks, strict=True)) if p >= 0
+    }
+    node = 0
+    for token in chain:
+        child = children.get((node, token))
+        if child is None:
+            child = len(toks)
+            toks.append(token)
+            pars.append(node)
+            deps.append(deps[node] + 1)
+            children[(node, token)] = child
+        node = child
+    return torch.tensor(toks), torch.tensor(pars), torch.tensor(deps)
+
+
 @dataclass
 class DraftTree:
     """The nodes a tree draft produced, before selection (no root: depth-1 nodes have parent -1).

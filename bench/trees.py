@@ -1,0 +1,109 @@
+"""Draft shapes (chains and trees) against plain greedy and prompt lookup, in one run.
+
+    python -m bench.trees [--drafter drafters/smollm2-135m-instruct-full] [--prompts 24]
+        [--tokens 128] [--shapes chain:2 tree:2:8:10 tree:3:6:10 ...] [--dtype float32]
+
+A shape is `chain:K` or `tree:K:TOPK:BUDGET[:LOOKUP]` (eval.k, eval.topk, eval.tree_budget,
+eval.lookup_tokens: a prompt-lookup branch grafted onto the tree). Each prompt
+is decoded by every decoder back to back, in rotating order, so machine noise hits all alike;
+every speculative output must equal plain greedy's (the run stops otherwise). Prints, per
+shape, the acceptance length, draft and verify ms per step and the pooled speedup, with the
+machine first: figures from another CPU do not compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from eagle3.data.render import render_prompt, user_turn
+from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
+from eagle3.decoding.evaluate import prompt_lookup_decode
+from eagle3.decoding.prompts import load_prompts
+from eagle3.device import machine
+from eagle3.drafter.export import load_drafter
+from eagle3.packed import pack_linears
+from eagle3.params import TargetParams
+from eagle3.target.load import DTYPES, eos_token_ids, load_target
+
+
+def parse_shape(text: str) -> dict:
+    """`chain:K` or `tree:K:TOPK:BUDGET[:LOOKUP]` -> SpecEngine settings."""
+    mode, *numbers = text.split(":")
+    if mode == "chain" and len(numbers) == 1:
+        return {"mode": "chain", "k": int(numbers[0])}
+    if mode == "tree" and len(numbers) in (3, 4):
+        k, topk, budget, lookup = map(int, numbers + ["0"] * (4 - len(numbers)))
+        return {"mode": "tree", "k": k, "topk": topk, "tree_budget": budget, "lookup_tokens": lookup}
+    raise SystemExit(f"bad shape {text!r}: expected chain:K or tree:K:TOPK:BUDGET[:LOOKUP]")
+
+
+def rate(generations: list[Generation]) -> float:
+    return sum(len(g.tokens) for g in generations) / sum(g.seconds for g in generations)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-full")
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--drafter-dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens (0 = skip)")
+    ap.add_argument("--shapes", nargs="+", default=["chain:2", "tree:2:4:6", "tree:2:6:8", "tree:2:8:10"])
+    args = ap.parse_args()
+
+    target = load_target(TargetParams(source=args.target, dtype=args.dtype))
+    print("machine:", machine())
+    print("drafter:", args.drafter)
+    drafter = load_drafter(
+        args.drafter, target.model.get_input_embeddings().weight, dtype=DTYPES[args.drafter_dtype]
+    )
+    pack_linears(target.model)  # as speculative-eval does (eval.pack_weights)
+    pack_linears(drafter)
+    eos = eos_token_ids(target.model, target.tokenizer)
+    engines = {shape: SpecEngine.for_target(target, drafter, **parse_shape(shape)) for shape in args.shapes}
+    prompts = [
+        render_prompt(target.tokenizer, user_turn(p.text), True).tolist()
+        for p in load_prompts(None, args.prompts)
+    ]
+    n = args.tokens
+
+    def decoders(ids: list[int]) -> list[tuple[str, Callable[[], Generation]]]:
+        out = [("plain", lambda: greedy_decode(target.model, ids, n, eos))]
+        if args.lookup:
+            out.append(("lookup", lambda: prompt_lookup_decode(target.model, ids, n, eos, args.lookup)))
+        return out + [(shape, lambda e=e: e.generate(ids, n, eos)) for shape, e in engines.items()]
+
+    for _, decode in decoders(prompts[0]):  # warm-up, untimed
+        decode()
+    runs: dict[str, list[Generation]] = {}
+    for i, ids in enumerate(prompts):
+        order = decoders(ids)
+        shift = i % len(order)
+        for name, decode in order[shift:] + order[:shift]:
+            runs.setdefault(name, []).append(decode())
+        for shape in engines:
+            if runs[shape][-1].tokens != runs["plain"][-1].tokens:
+                raise SystemExit(f"{shape} diverged from plain greedy on prompt {i}")
+
+    base = rate(runs["plain"])
+    print(f"plain greedy: {base:.2f} tok/s ({1000 / base:.1f} ms/token), {len(prompts)} prompts x {n} tokens")
+    if args.lookup:
+        print(f"prompt lookup ({args.lookup} tokens): {rate(runs['lookup']) / base:.3f}x")
+    # "drafter" = the drafter's own share of the acceptance length (the lookup branch's excluded)
+    print(f"{'shape':<14} {'accept len':>10} {'drafter':>8} {'draft ms':>9} {'verify ms':>10} {'speedup':>8}")
+    for shape in engines:
+        gens = runs[shape]
+        steps = sum(len(g.accepted) for g in gens)
+        accept = 1 + sum(sum(g.accepted) for g in gens) / steps
+        own = 1 + sum(sum(g.drafter_accepted) for g in gens) / steps
+        draft_ms = 1000 * sum(g.draft_s for g in gens) / steps
+        verify_ms = 1000 * sum(g.verify_s for g in gens) / steps
+        speedup = rate(gens) / base
+        print(f"{shape:<14} {accept:>10.3f} {own:>8.3f} {draft_ms:>9.1f} {verify_ms:>10.1f} {speedup:>7.3f}x")
+
+
+if __name__ == "__main__":
+    main()
