@@ -78,7 +78,7 @@ def main() -> None:
         prompt_lookup_tokens=args.lookup or None,
         check=False,
     )
-    m = summarize(run, args.k, greedy=False)
+    m = summarize(run, engine.max_depth, greedy=False)
 
     def rate(g) -> float:
         return len(g.tokens) / g.seconds

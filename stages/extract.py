@@ -19,7 +19,7 @@ OUT = Path("artifacts/extract")
 REPORT = Path("artifacts/patch-check/report.json")
 
 
-def extract_hf(params: Params, fingerprint: dict) -> tuple[dict, str]:
+def extract_hf(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, str]:
     if fingerprint.get("engine") != "transformers":
         raise ValueError(
             f"extract.backend is 'hf' but {REPORT} checked {fingerprint.get('engine')}: run patch-check again"
@@ -27,14 +27,14 @@ def extract_hf(params: Params, fingerprint: dict) -> tuple[dict, str]:
     target = load_target(params.target)
     if params.extract.pack_weights:
         pack_linears(target.model)  # a no-op outside float32 on CPU
-    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT)
+    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT, stats=stats)
     return manifest, str(target.model.dtype).removeprefix("torch.")
 
 
-def extract_sglang(params: Params, fingerprint: dict) -> tuple[dict, str]:
+def extract_sglang(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, str]:
     from eagle3.data.sglang_extract import extract_with_sglang  # the hf path needs no HTTP client
 
-    return extract_with_sglang(params, fingerprint, OUT), fingerprint["dtype"]
+    return extract_with_sglang(params, fingerprint, OUT, stats=stats), fingerprint["dtype"]
 
 
 def main() -> None:
@@ -50,16 +50,19 @@ def main() -> None:
             )
         started = time.perf_counter()
         backend = extract_sglang if params.extract.backend == "sglang" else extract_hf
-        manifest, dtype = backend(params, fingerprint)
+        stats: dict = {}
+        manifest, dtype = backend(params, fingerprint, stats)
         seconds = time.perf_counter() - started
         metrics = {
             "num_samples": manifest["num_samples"],
             "num_tokens": manifest["num_tokens"],
             "num_loss_tokens": manifest["num_loss_tokens"],
             "bytes_per_token": manifest["bytes_per_token"],
-            "extract_tokens_per_s": round(manifest["num_tokens"] / seconds, 1),
             "dtype": dtype,
         }
+        # the rate of what this run computed: resumed shards cost nothing and would inflate it
+        if stats.get("computed_tokens"):
+            metrics["extract_tokens_per_s"] = round(stats["computed_tokens"] / stats["computed_seconds"], 1)
         write_metrics("extract", metrics)
         with pipeline_run(params, "extract") as run:
             run.log_metrics(metrics)
@@ -67,8 +70,10 @@ def main() -> None:
             run.set_tags(
                 tags | {"extract.engine": f"{fingerprint['engine']} {fingerprint['engine_version']}"}
             )
+    resumed = manifest["num_tokens"] - stats.get("computed_tokens", 0)
     console.print(
         f"extracted {manifest['num_tokens']:,} tokens of {manifest['num_samples']} samples in {seconds:.0f} s"
+        + (f" ({resumed:,} resumed from earlier shards)" if resumed else "")
     )
 
 

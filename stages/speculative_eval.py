@@ -84,7 +84,8 @@ def main() -> None:
                 on_prompt=lambda _: progress.advance(task),
             )
         categories = [p.category for p in prompts]
-        metrics = summarize(run, ev.k, greedy) | summarize_spread(run, categories, ev.k, ev.seed)
+        depth = engine.max_depth  # acceptance_rate's denominator: the lookup branch may reach past k
+        metrics = summarize(run, depth, greedy) | summarize_spread(run, categories, depth, ev.seed)
         # speeds compare only within one machine and dtype: say which with every figure
         measured_on = {
             "dtype": str(target.model.dtype).removeprefix("torch."),

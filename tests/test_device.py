@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle3 import device
-from eagle3.device import JOBS, Shape, cpu_policy, measure_policy, resolve_dtype
+from eagle3.device import BF16_DECODE_MARGIN, JOBS, Shape, choose, cpu_policy, measure_policy, resolve_dtype
 
 TINY = Shape(
     hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512
@@ -28,7 +28,17 @@ def test_measured_policy_picks_the_faster_dtype_of_each_job():
     assert set(policy) == set(JOBS)
     for job in JOBS:
         times = {name: policy[job][name] for name in ("float32", "bfloat16")}
-        assert policy[job]["choice"] == min(times, key=times.get)
+        assert policy[job]["choice"] == choose(job, times)
+
+
+def test_decode_takes_bf16_only_on_a_clear_win():
+    # near a tie float32 decodes (the exact dtype); prefill and train take whichever is faster
+    tie = {"float32": 1.0, "bfloat16": 0.95}
+    assert choose("decode", tie) == "float32"
+    assert choose("prefill", tie) == choose("train", tie) == "bfloat16"
+    clear = {"float32": 1.0, "bfloat16": BF16_DECODE_MARGIN * 0.99}
+    assert choose("decode", clear) == "bfloat16"
+    assert choose("decode", {"float32": 1.0, "bfloat16": 1.2}) == "float32"
 
 
 def test_explicit_dtypes_are_taken_as_is():

@@ -198,10 +198,12 @@ def extract_features(
     fingerprint: dict,
     out_dir: Path,
     stop_after_shards: int | None = None,
+    stats: dict | None = None,
 ) -> dict:
     """Fill `out_dir` with shards, token file and manifest; resumes an interrupted run of the same config.
 
-    `stop_after_shards` ends the run early (as an interruption would), for tests.
+    `stop_after_shards` ends the run early (as an interruption would), for tests; `stats` (see
+    run_extraction) receives what this run computed itself.
     """
     chat = has_chat_template(target.source)
     compute = hf_group_fn(target, params, aux_layers)
@@ -215,6 +217,7 @@ def extract_features(
         out_dir,
         compute,
         stop_after_shards,
+        stats,
     )
 
 
@@ -228,9 +231,12 @@ def run_extraction(
     out_dir: Path,
     compute: GroupFn,
     stop_after_shards: int | None = None,
+    stats: dict | None = None,
 ) -> dict:
     """The backend-independent part: select, cut into shards, resume, write shards and manifest.
-    `compute` turns one shard's conversations into samples (hf_group_fn, or the SGLang backend's)."""
+    `compute` turns one shard's conversations into samples (hf_group_fn, or the SGLang backend's).
+    `stats`, when given, gets "computed_tokens" and "computed_seconds": the shards this run
+    computed, not those it resumed (the manifest is the same either way)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     key = config_hash(params, fingerprint)
     # Bad data fails here, before anything of the last run is removed.
@@ -256,6 +262,8 @@ def run_extraction(
                 return {"interrupted_after": index}
             done[index] = write_shard(out_dir, index, compute(group, advance))
             write_journal(out_dir, key, [done[i] for i in sorted(done)])
+    if stats is not None:
+        stats.update(computed_tokens=tokens_done, computed_seconds=time.perf_counter() - started)
     shards = [done[i] for i in range(len(groups))]
 
     # Token file from the shards themselves: what vocab-map counts is exactly what was stored.

@@ -136,7 +136,11 @@ def sglang_group_fn(
 
 
 def extract_with_sglang(
-    params: Params, fingerprint: dict, out_dir: Path, stop_after_shards: int | None = None
+    params: Params,
+    fingerprint: dict,
+    out_dir: Path,
+    stop_after_shards: int | None = None,
+    stats: dict | None = None,
 ) -> dict:
     """The extract stage's work on SGLang servers; refuses servers that differ from what patch-check saw."""
     if fingerprint.get("engine") != "sglang":
@@ -178,4 +182,5 @@ def extract_with_sglang(
         out_dir,
         compute,
         stop_after_shards,
+        stats,
     )

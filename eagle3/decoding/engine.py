@@ -150,6 +150,11 @@ class SpecEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.draft_to_target = drafter.to_target_ids(torch.arange(drafter.cfg.draft_vocab_size))
 
+    @property
+    def max_depth(self) -> int:
+        """The most draft tokens one step can accept: the chain or tree depth, or the lookup branch."""
+        return max(self.k, self.lookup_tokens)
+
     @classmethod
     def for_target(cls, target: Target, drafter: Eagle3Drafter, **settings: object) -> SpecEngine:
         """The engine over a loaded target (its model, decoder layers and final norm)."""

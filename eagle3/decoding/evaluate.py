@@ -109,8 +109,7 @@ def run_comparison(
         if prompt_lookup_tokens:
             prompt_lookup_decode(model, warm, 4, eos_ids, prompt_lookup_tokens)
     run = EvalRun()
-    # the width of a chain verification (a tree's deepest path + root)
-    block = max(engine.k, engine.lookup_tokens) + 1
+    block = engine.max_depth + 1  # the width of a chain verification (a tree's deepest path + root)
     for i, (pid, ids) in enumerate(prompts):
         outputs: dict[str, Generation] = {}
         shift = i % len(decoders)
@@ -132,7 +131,8 @@ def _rate(tokens: int, seconds: float) -> float:
 
 
 def summarize(run: EvalRun, k: int, greedy: bool) -> dict:
-    """The metrics of a comparison (see DESIGN.md, speculative-eval)."""
+    """The metrics of a comparison (see DESIGN.md, speculative-eval); `k` is the most draft tokens
+    a step can accept (SpecEngine.max_depth), the denominator of acceptance_rate."""
     results = run.results
     accepted = torch.tensor([a for r in results for a in r.spec.accepted], dtype=torch.float64)
     steps = accepted.shape[0]

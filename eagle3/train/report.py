@@ -36,8 +36,9 @@ def stage_metrics(outcome: TrainOutcome) -> dict:
         "draft_vocab_size": outcome.drafter.cfg.draft_vocab_size,
         "processes": m["processes"],
         "dtype": m["dtype"],
-        "train_tokens_per_s": round(m["tokens_per_s"] or 0.0, 1),
-    }
+    } | (  # a run resumed from a finished checkpoint trained nothing: no rate to report
+        {"train_tokens_per_s": round(m["tokens_per_s"], 1)} if m["tokens_per_s"] else {}
+    )
 
 
 def write_plots(outcome: TrainOutcome, folder: Path) -> None:
@@ -58,7 +59,8 @@ def summary_line(metrics: dict, out: Path) -> str:
         f"drafter: held-out top-1 acc at TTT position 0 {metrics['heldout_acc_0']:.3f} "
         f"(chance {metrics['chance_acc']:.5f}), "
         f"simulated acceptance length {metrics['sim_acceptance_length']:.2f}, "
-        f"{metrics['train_tokens_per_s']:,.0f} tok/s -> {out}"
+        + (f"{r:,.0f} tok/s" if (r := metrics.get("train_tokens_per_s")) else "resumed, nothing trained")
+        + f" -> {out}"
     )
 
 
