@@ -13,6 +13,7 @@ import json
 import shlex
 from pathlib import Path
 
+from eagle3.drafter.export import trained_ttt_length
 from eagle3.params import Params
 from eagle3.target.load import resolve_target
 
@@ -58,9 +59,10 @@ def serve_commands(
     vllm = ["vllm", "serve", target, "--tensor-parallel-size", str(tp), "--port", str(port)]
     vllm += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     notes = []
-    if params.eval.k > params.train.ttt_length:
+    ttt_length = trained_ttt_length(folder, params.train.ttt_length)
+    if params.eval.k > ttt_length:
         notes.append(
-            f"eval.k ({params.eval.k}) exceeds train.ttt_length ({params.train.ttt_length}): "
+            f"eval.k ({params.eval.k}) exceeds the drafter's train.ttt_length ({ttt_length}): "
             "draft positions past the unroll length were never trained"
         )
     if params.eval.mode == "tree":

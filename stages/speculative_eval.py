@@ -13,7 +13,7 @@ from eagle3.decoding.evaluate import run_comparison, summarize, summarize_spread
 from eagle3.decoding.prompts import load_prompts
 from eagle3.decoding.report import category_table, interval_line, write_acceptance_plot
 from eagle3.device import Shape, machine, resolve_dtype
-from eagle3.drafter.export import load_drafter, load_drafter_config
+from eagle3.drafter.export import load_drafter, load_drafter_config, trained_ttt_length
 from eagle3.inputs import InputError
 from eagle3.packed import pack_linears
 from eagle3.stageio import write_json, write_metrics
@@ -61,10 +61,11 @@ def main() -> None:
             temperature=ev.temperature,
             seed=ev.seed,
         )
-        if ev.k > params.train.ttt_length:
+        ttt_length = trained_ttt_length(drafter_dir, params.train.ttt_length)
+        if ev.k > ttt_length:
             console.print(
-                f"[yellow]warning:[/] eval.k={ev.k} > train.ttt_length={params.train.ttt_length}: draft "
-                f"positions {params.train.ttt_length + 1}..{ev.k} come from unroll steps never trained"
+                f"[yellow]warning:[/] eval.k={ev.k} > the drafter's train.ttt_length={ttt_length}: draft "
+                f"positions {ttt_length + 1}..{ev.k} come from unroll steps never trained"
             )
         chat = has_chat_template(params.target.source)
         # rendered as extract renders a training prompt (eagle3/data/render.py)

@@ -519,6 +519,24 @@ def test_serve_command_matches_the_eval_params(tmp_path):
     assert missing.returncode == 2 and "config.json is missing" in missing.stderr
 
 
+def test_serve_notes_read_the_shipped_drafters_ttt_length_and_the_lookup_branch(tmp_path):
+    from eagle3.serve import serve_commands  # noqa: PLC0415
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    (shipped / "params.yaml").write_text(yaml.safe_dump({"train": {"ttt_length": 2}}))
+    tree = {"mode": "tree", "k": 2, "topk": 4, "tree_budget": 6}
+    # the workspace trains TTT 1, but the shipped drafter was trained TTT 2: no warning for k=2
+    params = parse_params({"train": {"ttt_length": 1}, "eval": tree | {"lookup_tokens": 4}})
+    notes = serve_commands(params, str(shipped))["notes"]
+    assert "exceeds" not in notes and "prompt-lookup branch" in notes
+    (shipped / "params.yaml").write_text(yaml.safe_dump({"train": {"ttt_length": 1}}))
+    alone = parse_params({"eval": tree | {"lookup_tokens": 0}})
+    notes = serve_commands(alone, str(shipped))["notes"]
+    assert "drafter's train.ttt_length (1)" in notes and "prompt-lookup" not in notes
+
+
 def test_sglang_fingerprint_replaces_the_engine(smollm2):
     base = fingerprint(smollm2, AUX)
     fp = sglang_fingerprint(base, server_info("aux") | {"version": "0.5.23"}, server_info("final"), LLAMA)

@@ -57,6 +57,18 @@ def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype
     write_bytes(out_dir / WEIGHTS, save(export_state_dict(model, dtype), metadata={"format": "pt"}))
 
 
+def trained_ttt_length(folder: str | Path, default: int) -> int:
+    """The TTT length a drafter was trained with: a shipped folder's params.yaml (eagle3 ship)
+    says; the train stage's own drafter follows the current params (`default`)."""
+    import yaml  # noqa: PLC0415 - only shipped folders need it
+
+    shipped = Path(folder) / "params.yaml"
+    if not shipped.exists():
+        return default
+    train = (yaml.safe_load(shipped.read_text()) or {}).get("train") or {}
+    return int(train.get("ttt_length", default))
+
+
 def load_drafter_config(path: str | Path) -> DrafterConfig:
     path = Path(path)
     if not (path / CONFIG).exists():
