@@ -24,7 +24,42 @@ from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import load_drafter
 from eagle3.packed import pack_linears
 from eagle3.params import TargetParams, default_aux_layers
-from eagle3.target.load import DTYPES, eos_token_ids, load_target
+from eagle3.target.load import DTYPES, Target, eos_token_ids, load_target
+
+
+def load_pair(
+    source: str,
+    dtype: str,
+    drafter_dir: str,
+    drafter_dtype: str,
+    threads: int | None = None,
+    pack: bool = True,
+) -> tuple[Target, Eagle3Drafter]:
+    """The target and the drafter as speculative-eval runs them (oneDNN-packed unless `pack` is
+    off); a random drafter when `drafter_dir` holds none (acceptance ~0: the engine's overhead)."""
+    target = load_target(TargetParams(source=source, dtype=dtype, threads=threads))
+    print("machine:", machine())
+    embed = target.model.get_input_embeddings().weight
+    if (Path(drafter_dir) / "config.json").exists():
+        drafter = load_drafter(drafter_dir, embed, dtype=DTYPES[drafter_dtype])
+        print(f"drafter: {drafter_dir}")
+    else:
+        cfg = DrafterConfig.from_target_config(target.config, 8192, default_aux_layers(target.num_layers))
+        drafter = Eagle3Drafter(cfg, embed).to(DTYPES[drafter_dtype]).eval().requires_grad_(False)
+        print("drafter: random (no exported drafter found): measures overhead, not speedup")
+    if pack:  # as speculative-eval does (eval.pack_weights)
+        pack_linears(target.model)
+        pack_linears(drafter)
+    return target, drafter
+
+
+def mtbench_prompts(target: Target, n: int) -> list[tuple[str, list[int]]]:
+    """(id, token ids) of the first n MT-bench prompts (one per category in turn), rendered as
+    speculative-eval renders them."""
+    return [
+        (p.id, render_prompt(target.tokenizer, user_turn(p.text), True).tolist())
+        for p in load_prompts(None, n)
+    ]
 
 
 def main() -> None:
@@ -44,20 +79,9 @@ def main() -> None:
     ap.add_argument("--no-pack", action="store_true", help="keep the default (unpacked) float32 weights")
     args = ap.parse_args()
 
-    target = load_target(TargetParams(source=args.target, dtype=args.dtype, threads=args.threads))
-    print("machine:", machine())
-    dtype = DTYPES[args.drafter_dtype]
-    embed = target.model.get_input_embeddings().weight
-    if (Path(args.drafter) / "config.json").exists():
-        drafter = load_drafter(args.drafter, embed, dtype=dtype)
-        print(f"drafter: {args.drafter}")
-    else:
-        cfg = DrafterConfig.from_target_config(target.config, 8192, default_aux_layers(target.num_layers))
-        drafter = Eagle3Drafter(cfg, embed).to(dtype).eval().requires_grad_(False)
-        print("drafter: random (no exported drafter found): measures overhead, not speedup")
-    if not args.no_pack:  # as speculative-eval does (eval.pack_weights)
-        pack_linears(target.model)
-        pack_linears(drafter)
+    target, drafter = load_pair(
+        args.target, args.dtype, args.drafter, args.drafter_dtype, args.threads, pack=not args.no_pack
+    )
     engine = SpecEngine.for_target(
         target,
         drafter,
@@ -66,10 +90,7 @@ def main() -> None:
         topk=args.topk,
         tree_budget=args.budget,
     )
-    batch = [
-        (p.id, render_prompt(target.tokenizer, user_turn(p.text), True).tolist())
-        for p in load_prompts(None, args.prompts)
-    ]
+    batch = mtbench_prompts(target, args.prompts)
     run = run_comparison(
         engine,
         batch,

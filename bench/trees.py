@@ -16,15 +16,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from eagle3.data.render import render_prompt, user_turn
+from bench.decoding import load_pair, mtbench_prompts
 from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
 from eagle3.decoding.evaluate import prompt_lookup_decode
-from eagle3.decoding.prompts import load_prompts
-from eagle3.device import machine
-from eagle3.drafter.export import load_drafter
-from eagle3.packed import pack_linears
-from eagle3.params import TargetParams
-from eagle3.target.load import DTYPES, eos_token_ids, load_target
+from eagle3.target.load import DTYPES, eos_token_ids
 
 
 def parse_shape(text: str) -> dict:
@@ -54,20 +49,10 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["chain:2", "tree:2:4:6", "tree:2:6:8", "tree:2:8:10"])
     args = ap.parse_args()
 
-    target = load_target(TargetParams(source=args.target, dtype=args.dtype))
-    print("machine:", machine())
-    print("drafter:", args.drafter)
-    drafter = load_drafter(
-        args.drafter, target.model.get_input_embeddings().weight, dtype=DTYPES[args.drafter_dtype]
-    )
-    pack_linears(target.model)  # as speculative-eval does (eval.pack_weights)
-    pack_linears(drafter)
+    target, drafter = load_pair(args.target, args.dtype, args.drafter, args.drafter_dtype)
     eos = eos_token_ids(target.model, target.tokenizer)
     engines = {shape: SpecEngine.for_target(target, drafter, **parse_shape(shape)) for shape in args.shapes}
-    prompts = [
-        render_prompt(target.tokenizer, user_turn(p.text), True).tolist()
-        for p in load_prompts(None, args.prompts)
-    ]
+    prompts = [ids for _, ids in mtbench_prompts(target, args.prompts)]
     n = args.tokens
 
     def decoders(ids: list[int]) -> list[tuple[str, Callable[[], Generation]]]:

@@ -60,6 +60,8 @@ def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype
 def trained_ttt_length(folder: str | Path, default: int) -> int:
     """The TTT length a drafter was trained with: a shipped folder's params.yaml (eagle3 ship)
     says; the train stage's own drafter follows the current params (`default`)."""
+    # read raw, not through eagle3.params: a folder shipped under an older schema need not
+    # validate against today's defaults, and only this one key matters here
     import yaml  # noqa: PLC0415 - only shipped folders need it
 
     shipped = Path(folder) / "params.yaml"
