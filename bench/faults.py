@@ -202,10 +202,31 @@ def kill_after_files(project: Path, stage: str, watch: str, count: int) -> bool:
     return False
 
 
-def kill_points(rng: random.Random, window: tuple[float, float], n: int) -> list[float]:
+def kill_points(rng: random.Random, window: tuple[float, float], n: int):
+    """Yield random kill delays until `n` kills have landed; the caller sends back whether each
+    one did. A run that finished first narrows the window to that delay (the machine was faster
+    than during the reference run), so the next draw lands in the real work. Gives up after 3n draws."""
     first, total = window
     lo = max(first * 0.8, 0.0)  # a little before the first output: its write is in flight
-    return sorted(rng.uniform(lo, total * 0.98) for _ in range(n))
+    landed = 0
+    for _ in range(3 * n):
+        if landed >= n:
+            return
+        delay = rng.uniform(lo, max(lo, total * 0.98))
+        if (yield delay):
+            landed += 1
+        else:
+            total = delay
+
+
+def drive(points, attempt) -> None:
+    """Run `attempt(delay) -> bool` (True = the kill landed) over a kill_points generator."""
+    delay = next(points, None)
+    while delay is not None:
+        try:
+            delay = points.send(attempt(delay))
+        except StopIteration:
+            return
 
 
 # ---------------------------------------------------------------- faults
@@ -225,11 +246,12 @@ def killed_and_resumed(
     remove(project, outputs)
     window = timed_reference(project, stage, watch)
     reference = digests(project, compare)
-    for delay in kill_points(rng, window, points):
+
+    def attempt(delay: float) -> bool:
         remove(project, outputs)
         if not kill_at(project, stage, delay):
             tally.notes.append(f"{delay:.1f}s: finished before the kill")
-            continue
+            return False
         done = run(project, stage)
         same = done.returncode == 0 and digests(project, compare) == reference
         tally.add(
@@ -237,6 +259,9 @@ def killed_and_resumed(
             lost=not same,
             note="" if same else f"{delay:.1f}s: rc {done.returncode} {done.stderr[-300:]}",
         )
+        return True
+
+    drive(kill_points(rng, window, points), attempt)
     return tally
 
 
@@ -260,11 +285,12 @@ def killed_while_replacing(
     window = timed_reference(project, stage, outputs[0])
     window = (window[1] * 0.3, window[1])  # its outputs exist from the start: kill anywhere after imports
     new = digests(project, outputs)
-    for delay in kill_points(rng, window, points):
+
+    def attempt(delay: float) -> bool:
         snapshot(scratch, outputs, project)
         if not kill_at(project, stage, delay):
             tally.notes.append(f"{delay:.1f}s: finished before the kill")
-            continue
+            return False
         now = digests(project, outputs)
         broken = [f for f, h in now.items() if h not in (old.get(f), new.get(f))] + [
             f for f in old if f not in now and not f.startswith(".")
@@ -280,6 +306,9 @@ def killed_while_replacing(
                 lost=not refused,
                 note=f"{delay:.1f}s: old/new mix, {'refused' if refused else 'ACCEPTED'}",
             )
+        return True
+
+    drive(kill_points(rng, window, points), attempt)
     snapshot(scratch, outputs, project)
     write_params(project)
     return tally

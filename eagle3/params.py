@@ -132,6 +132,9 @@ class TrainParams(Section):
     # fed to the next TTT / draft step instead of the pre-norm residual stream.
     fc_norm: bool = False
     norm_output: bool = False
+    # null = learn the target's whole next-token distribution (from last_hidden); N = only its
+    # top-N tokens, renormalised: what SGLang's top-N logprobs would give without a second server.
+    target_topk: int | None = Field(default=None, ge=1)
     epochs: int = Field(default=3, ge=1)
     # Sequences are packed/cut to this many tokens per micro-batch row.
     seq_len: int = Field(default=512, ge=16)

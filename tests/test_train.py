@@ -28,7 +28,7 @@ from eagle3.train.checks import check_inputs
 from eagle3.train.data import BatchSource, split_samples
 from eagle3.train.loop import train_drafter, warmup_cosine
 from eagle3.train.prepare import TrainInputs, check_memory, drafter_config
-from eagle3.train.ttt import acceptance_length
+from eagle3.train.ttt import acceptance_length, topk_target
 
 H, V, K = 32, 256, 64
 REPO = Path(__file__).resolve().parents[1]
@@ -185,6 +185,32 @@ def test_ttt_step_matches_inference_with_a_cache(eagle31):
 def test_acceptance_length_counts_leading_hits():
     hits = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
     assert acceptance_length(hits).tolist() == [3, 1, 5]
+
+
+def test_topk_target_keeps_the_targets_top_n_inside_the_draft_vocab():
+    torch.manual_seed(0)
+    hidden, head = torch.randn(2, 5, 8), torch.randn(12, 8)
+    draft_ids = torch.tensor([0, 2, 3, 5, 7, 11])  # target ids of the 6 draft slots
+    slot = torch.full((12,), -1)
+    slot[draft_ids] = torch.arange(6)
+    full = topk_target(hidden, head, slot, 12)  # every token: the draft rows' own softmax
+    assert torch.allclose(full, (hidden @ head[draft_ids].T).softmax(-1), atol=1e-6)
+    top2 = topk_target(hidden, head, slot, 2)
+    logits = hidden @ head.T
+    best = logits.topk(2, dim=-1).indices
+    for b, t in [(0, 0), (1, 3)]:
+        kept = [int(i) for i in best[b, t] if slot[i] >= 0]
+        assert (top2[b, t] > 0).sum() == len(kept)  # nothing outside the target's top 2
+        if kept:
+            assert torch.isclose(top2[b, t].sum(), torch.tensor(1.0))
+
+
+def test_training_on_the_targets_top_n_learns_and_differs_from_the_full_distribution(tmp_path):
+    inputs = tiny_inputs(tmp_path / "f")
+    top1 = train_drafter(tiny_params(epochs=3, target_topk=1), inputs)
+    full = train_drafter(tiny_params(epochs=3), inputs)
+    assert top1.curve[-1]["loss"] < top1.curve[0]["loss"]
+    assert not torch.equal(top1.drafter.fc.weight, full.drafter.fc.weight)
 
 
 # --- data ------------------------------------------------------------------------------------------

@@ -120,7 +120,12 @@ class TrainRecipe:
         drafter.set_vocab_mapping(inputs.d2t, inputs.t2d)
         _init_head(drafter, head_rows, inputs.final_norm, p)
         self.drafter = drafter
-        self.model = TTTModel(drafter, head_rows.to(compute), p.ttt_length, p.ttt_decay).to(self.device)
+        topk = None
+        if p.target_topk:  # train on the target's top-N only (the SGLang logprobs alternative)
+            slot = torch.full((len(inputs.t2d),), -1, dtype=torch.long)
+            slot[draft_to_target_ids(inputs.d2t)] = torch.arange(len(inputs.d2t))
+            topk = (p.target_topk, inputs.head.to(compute), slot)
+        self.model = TTTModel(drafter, head_rows.to(compute), p.ttt_length, p.ttt_decay, topk).to(self.device)
         self.ddp_model = self.model
         if self.dist.world > 1:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(

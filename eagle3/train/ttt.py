@@ -3,7 +3,9 @@
 Alignment (EAGLE): at step k the query at position t embeds token t+1+k, reads the hidden
 state of step k-1 (step 0: fc(aux_hidden[t])), sits at position pos[t] + k, and is trained to
 match the target's next-token distribution at position t+1+k (softmax of the frozen target
-lm_head applied to last_hidden, restricted to the K draft rows).
+lm_head applied to last_hidden, restricted to the K draft rows). With `target_topk` = N it
+matches only the target's top-N over the full vocabulary (renormalised over those inside the
+draft vocab): what an SGLang aux request's top-N logprobs would carry instead of last_hidden.
 
 Attention of step k (what the drafter sees when drafting the (k+1)-th token at inference):
 the step-0 keys up to t (the prefix, built from target features) plus its own keys of steps
@@ -59,17 +61,39 @@ class StepStats:
         return torch.stack([self.loss_sum, self.correct, self.count])
 
 
+def topk_target(last_hidden: Tensor, full_head: Tensor, draft_slot: Tensor, n: int) -> Tensor:
+    """[B, T, K] probabilities: the target's top-n tokens over its whole vocabulary, those inside
+    the draft vocab kept and renormalised (draft_slot [V]: draft id of a target id, -1 if none)."""
+    top, ids = (last_hidden.to(full_head.dtype) @ full_head.T).float().topk(n, dim=-1)
+    slots = draft_slot[ids]
+    p = top.softmax(-1) * (slots >= 0)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    out = p.new_zeros(*p.shape[:-1], int(draft_slot.max()) + 1)
+    return out.scatter_add_(-1, slots.clamp_min(0), p)  # p is 0 wherever the slot was -1
+
+
 class TTTModel(nn.Module):
     """The drafter plus the frozen K target lm_head rows; forward = the whole TTT unroll.
 
     Wrapping the unroll in one module keeps DDP correct: DDP hooks see one forward per step.
     """
 
-    def __init__(self, drafter: Eagle3Drafter, target_head_rows: Tensor, ttt_length: int, decay: float):
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        target_head_rows: Tensor,
+        ttt_length: int,
+        decay: float,
+        topk: tuple[int, Tensor, Tensor] | None = None,  # (n, full lm_head [V, H], draft_slot [V])
+    ):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("head_rows", target_head_rows, persistent=False)  # [K, H]
         self.ttt_length, self.decay = ttt_length, decay
+        self.topk_n = topk[0] if topk else 0
+        if topk:
+            self.register_buffer("full_head", topk[1], persistent=False)
+            self.register_buffer("draft_slot", topk[2], persistent=False)
 
     def forward(self, batch: Batch, norm: Tensor | None = None, chains: bool = False):
         """Returns (weighted loss, StepStats[, correct chains [N0, L] for acceptance]).
@@ -82,6 +106,11 @@ class TTTModel(nn.Module):
         norm = counts if norm is None else norm
         with torch.no_grad():
             target_logits = batch.last_hidden.to(self.head_rows.dtype) @ self.head_rows.T  # [B, T, K]
+            soft = (
+                topk_target(batch.last_hidden, self.full_head, self.draft_slot, self.topk_n)
+                if self.topk_n
+                else None
+            )
         hidden = m.project(batch.aux_hidden)
         cache = TTTCache()
         loss = hidden.new_zeros((), dtype=torch.float32)
@@ -95,7 +124,8 @@ class TTTModel(nn.Module):
             if len(b):
                 logits = m.logits(hidden[b, t]).float()
                 target = target_logits[b, t + 1 + k].float()
-                step_loss = F.cross_entropy(logits, target.softmax(-1), reduction="sum")
+                wanted = target.softmax(-1) if soft is None else soft[b, t + 1 + k]
+                step_loss = F.cross_entropy(logits, wanted, reduction="sum")
                 loss = loss + (self.decay**k) * step_loss / norm[k].clamp(min=1).to(loss.dtype)
                 hit = logits.argmax(-1) == target.argmax(-1)
                 loss_sum[k] = step_loss.detach().double()
