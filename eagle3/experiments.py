@@ -19,6 +19,7 @@ from eagle3.params import flatten
 DTYPE_KEYS = {"extract": "dtype", "train": "dtype", "speculative-eval": "dtype"}
 DTYPE_LABELS = {"extract": "extract", "train": "train", "speculative-eval": "eval"}
 TEXT_METRICS = ("dtype", "drafter_dtype", "machine")
+UNFINISHED = ("queued", "running", "failed")  # DVC executor states whose metrics are not their own
 
 
 class ExperimentsError(ValueError):
@@ -92,8 +93,8 @@ def from_dvc_json(shown: list[dict[str, Any]]) -> list[Experiment]:
             rows.append(row)
         for exp in baseline.get("experiments") or []:
             revs = exp.get("revs") or []
-            if not revs:
-                continue
+            if not revs or (exp.get("executor") or {}).get("state") in UNFINISHED:
+                continue  # a running one shows its baseline's metrics until it finishes
             name = exp.get("name") or revs[0].get("name") or (revs[0].get("rev") or "")[:7]
             if row := _from_dvc_state(name, revs[0]):
                 rows.append(row)

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from eagle3.cli import main
 from eagle3.compare import comparison
-from eagle3.experiments import Experiment, ExperimentsError, select
+from eagle3.experiments import Experiment, ExperimentsError, from_dvc_json, select
 from eagle3.report import verdict, write_report
 
 ZEN3 = "AMD EPYC, 2 cores, no native bf16, torch 2.13.0+cpu, 2 threads"
@@ -92,3 +92,28 @@ def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys):
     )
     assert main(["report", "--json", "missing.json"]) == 2
     assert "missing.json does not exist" in capsys.readouterr().err
+
+
+def test_running_and_queued_experiments_are_left_out_of_dvc_rows():
+    def state(accept: float) -> dict:
+        metrics = {"metrics/speculative-eval.json": {"data": {"acceptance_length": accept}}}
+        return {"data": {"metrics": metrics, "params": {"params.yaml": {"data": {"vocab": {"size": 8}}}}}}
+
+    def exp(name: str, executor_state: str) -> dict:
+        # DVC shows a running experiment with its baseline's metrics until it finishes
+        return {"name": name, "executor": {"state": executor_state}, "revs": [state(1.5)]}
+
+    shown = [
+        {
+            "rev": "abc1234",
+            "name": "main",
+            **state(1.5),
+            "experiments": [
+                exp("done", "success"),
+                exp("busy", "running"),
+                exp("waiting", "queued"),
+                exp("broke", "failed"),
+            ],
+        }
+    ]
+    assert [r.name for r in from_dvc_json(shown)] == ["main", "done"]
