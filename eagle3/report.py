@@ -26,6 +26,7 @@ TABLE = (
     ("coverage", lambda e: _fmt(e.number("coverage"), ".4f")),
     ("lm_head params", lambda e: _fmt(e.number("lm_head_params"), ",.0f")),
     ("acceptance length [95% CI]", lambda e: _ci(e, "acceptance_length")),
+    ("drafter's share", lambda e: _fmt(e.number("drafter_acceptance_length"), ".2f")),
     ("acceptance rate", lambda e: _fmt(e.number("acceptance_rate"), ".3f")),
     ("draft ms/step", lambda e: _fmt(e.number("draft_ms_per_step"), ".2f")),
     ("tok/s", lambda e: _fmt(e.number("tokens_per_s"), ".2f")),
@@ -141,6 +142,12 @@ def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> 
                 ax.plot(xs, ys, "o-", label="drafter")
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(set(xs)), [f"{x:,}" for x in sorted(set(xs))], rotation=30)
+            if key == "acceptance_length":  # with a lookup branch: the drafter's own part, as servers run it
+                own = [(x, e.number("drafter_acceptance_length")) for x, e in points]
+                own = [(x, y) for x, y in own if y is not None]
+                if own and any(y != e.number(key) for (_, y), (_, e) in zip(own, points, strict=False)):
+                    ax.plot(*zip(*own, strict=True), "^--", color="tab:green", label="drafter's tree alone")
+                    ax.legend(loc="best")
             if key == "speedup":  # break-even, and the peer a drafter has to beat
                 ax.axhline(1.0, color="grey", linestyle=":", label="plain greedy")
                 peer = [(x, e.number("prompt_lookup_speedup")) for x, e in points]
