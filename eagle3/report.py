@@ -71,7 +71,11 @@ def verdict(experiments: list[Experiment]) -> Verdict:
         return Verdict(None, [], "No experiment has a speculative-eval result yet, so no size can be chosen.")
     reference = Counter(e.measured_on for e in rows).most_common(1)[0][0]
     rows = [e for e in rows if e.measured_on == reference]
-    best = max(rows, key=lambda e: e.number("speedup"))
+    fastest = max(rows, key=lambda e: e.number("speedup"))
+    # sizes this many prompts cannot tell from the fastest: the smallest of them is the pick
+    # (the same speed within noise, the cheapest head to train, store and serve)
+    tied = [e for e in rows if e is not fastest and _overlaps(e, fastest)]
+    best = min([fastest, *tied], key=lambda e: (e.draft_vocab_size, e.name))
     first, last = rows[0], rows[-1]
     k = best.draft_vocab_size
 
@@ -83,6 +87,27 @@ def verdict(experiments: list[Experiment]) -> Verdict:
         )
 
     text = [f"Speedup peaks at a draft vocabulary of {k:,} tokens ({_ci(best, 'speedup')}x, {best.name})."]
+    if best is not fastest:
+        text = [
+            f"No size is measurably faster than the others: the highest speedup, "
+            f"{_ci(fastest, 'speedup')}x at {fastest.draft_vocab_size:,} ({fastest.name}), has an interval "
+            f"that overlaps those of {', '.join(e.name for e in tied)}, so the pick is the smallest of "
+            f"them, {k:,} tokens ({_ci(best, 'speedup')}x, {best.name}): the same speed within noise with "
+            f"the cheapest head ({_fmt(best.number('lm_head_params'), ',.0f')} lm_head parameters)."
+        ]
+        if len(tied) + 1 == len(rows):
+            lo, hi = (
+                min(e.number("acceptance_length") or 0 for e in rows),
+                max(e.number("acceptance_length") or 0 for e in rows),
+            )
+            text.append(
+                f"Across all {len(rows)} sizes acceptance length stayed within {lo:.2f}-{hi:.2f} while the "
+                f"draft step went from {_fmt(first.number('draft_ms_per_step'), '.2f')} to "
+                f"{_fmt(last.number('draft_ms_per_step'), '.2f')} ms: past {first.draft_vocab_size:,} "
+                "coverage bought no measurable acceptance here."
+            )
+            text += [_seen_in(experiments, rows, reference)]
+            return Verdict(best, rows, " ".join(text))
     if len({e.draft_vocab_size for e in rows}) == 1:
         text.append("Only one size was measured, so nothing is compared; sweep vocab.size to decide.")
     elif best is last:
@@ -102,19 +127,23 @@ def verdict(experiments: list[Experiment]) -> Verdict:
             f"({facts(best)}). Beyond it coverage stops paying for draft cost: at {last.draft_vocab_size:,} "
             f"({facts(last)}) speedup is {_ci(last, 'speedup')}x."
         )
-    ties = [e.name for e in rows if e is not best and _overlaps(e, best)]
+    ties = [e.name for e in rows if e is not best and e is not fastest and _overlaps(e, best)]
     if ties:
         text.append(
             f"The speedup intervals of {', '.join(ties)} overlap the best one's: this many prompts "
             "cannot tell them apart (raise eval.num_prompts)."
         )
+    text.append(_seen_in(experiments, rows, reference))
+    return Verdict(best, rows, " ".join(text))
+
+
+def _seen_in(experiments: list[Experiment], rows: list[Experiment], reference) -> str:
     others = len(sweep_rows(experiments)) - len(rows)
     machine, dtypes = reference
-    text.append(
+    return (
         f"Speeds were measured on {machine} ({', '.join(f'{k} {v}' for k, v in dtypes) or 'dtypes unknown'})"
         + (f"; {others} row(s) measured elsewhere or without speeds are left out." if others else ".")
     )
-    return Verdict(best, rows, " ".join(text))
 
 
 def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> list[Path]:
@@ -132,14 +161,16 @@ def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> 
         if points:
             xs = [x for x, _ in points]
             ys = [e.number(key) for _, e in points]
+            grafted = any(e.number("lookup_tokens") or e.params.get("eval.lookup_tokens") for _, e in points)
+            series = "drafter + lookup branch" if grafted and key != "coverage" else "drafter"
             lo = [e.number(f"{key}_ci.lo") for _, e in points]
             hi = [e.number(f"{key}_ci.hi") for _, e in points]
             if all(v is not None for v in lo + hi):
                 below = [y - low for y, low in zip(ys, lo, strict=True)]
                 err = [below, [h - y for y, h in zip(ys, hi, strict=True)]]
-                ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label="drafter")
+                ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=series)
             else:
-                ax.plot(xs, ys, "o-", label="drafter")
+                ax.plot(xs, ys, "o-", label=series)
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(set(xs)), [f"{x:,}" for x in sorted(set(xs))], rotation=30)
             if key == "acceptance_length":  # with a lookup branch: the drafter's own part, as servers run it

@@ -79,6 +79,33 @@ def test_verdict_picks_the_fastest_size_and_says_where_coverage_stops_paying(tmp
     assert 'src="data:image/png;base64,' in page and 'src="http' not in page  # offline: nothing fetched
 
 
+def test_sizes_within_noise_of_the_fastest_pick_the_smallest():
+    def wide(name, size, accept, draft_ms, speedup):
+        e = row(name, size, 1.0, accept, draft_ms, speedup)
+        return Experiment(
+            e.name,
+            e.params,
+            e.metrics | {"speedup_ci.lo": speedup - 0.2, "speedup_ci.hi": speedup + 0.2},
+            e.machine,
+            e.dtypes,
+        )
+
+    rows = [
+        wide("small", 4096, 1.98, 3.2, 1.25),
+        wide("mid", 32768, 1.99, 5.0, 1.32),
+        wide("big", 49152, 1.97, 6.4, 1.30),
+    ]
+    found = verdict(rows)
+    assert found.best.name == "small"  # same speed within noise, cheapest head
+    assert (
+        "No size is measurably faster" in found.paragraph
+        and "1.32 [1.12, 1.52]x at 32,768" in found.paragraph
+    )
+    assert "acceptance length stayed within 1.97-1.99" in found.paragraph
+    # separable intervals still pick the fastest
+    assert verdict(SWEEP).best.name == "mid-vocab"
+
+
 def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys):
     with pytest.raises(ExperimentsError, match="no experiments with metrics"):
         select([], None, "`dvc exp show`")
