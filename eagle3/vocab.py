@@ -82,6 +82,14 @@ def build_vocab_map(counts: np.ndarray, size: int) -> VocabMap:
     return VocabMap(d2t=d2t, t2d=t2d, counts=counts, distinct_seen=int((counts > 0).sum()))
 
 
+def coverage_of(token_ids: list[int], t2d: torch.Tensor) -> float:
+    """Fraction of `token_ids` inside the draft vocabulary (t2d [V] bool): on tokens the
+    vocabulary was not built from (e.g. the target's benchmark answers), what it really covers."""
+    if not token_ids:
+        return 0.0
+    return float(t2d.cpu()[torch.tensor(token_ids, dtype=torch.long)].float().mean())
+
+
 def coverage_curve(counts: np.ndarray, sizes: list[int]) -> list[tuple[int, float]]:
     """Coverage at each K of `sizes` (capped at V, V itself added), from one sort of the counts."""
     total = counts.sum()

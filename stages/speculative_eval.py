@@ -19,6 +19,7 @@ from eagle3.packed import pack_linears
 from eagle3.stageio import write_json, write_metrics
 from eagle3.target.load import eos_token_ids, has_chat_template, load_target
 from eagle3.tracking import pipeline_run
+from eagle3.vocab import coverage_of
 from stages.common import console, reported_failures, validated_params
 
 DRAFTER = Path("artifacts/train/drafter")
@@ -94,6 +95,10 @@ def main() -> None:
             "machine": machine(),
         }
         metrics |= measured_on
+        # coverage out of sample: of the target's own answers to the benchmark, how many tokens
+        # the draft vocabulary holds (vocab-map's coverage is over the training tokens it counted)
+        answers = [t for r in run.results for t in r.baseline.tokens]
+        metrics["eval_coverage"] = round(coverage_of(answers, drafter.t2d), 6)
         rows = [r.as_dict() | {"category": c} for r, c in zip(run.results, categories, strict=True)]
         write_json(OUT / "results.json", {"prompts": rows})
         write_acceptance_plot(metrics["per_position_acceptance"], PLOT_CSV, PLOT_PNG)

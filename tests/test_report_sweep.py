@@ -77,6 +77,9 @@ def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_pat
         assert "eagle3.stage.extract" not in r.data.tags and "eagle3.stage.speculative-eval" in r.data.tags
         assert {"coverage", "acceptance_rate", "tokens_per_s", "speedup"} <= set(r.data.metrics)
         assert r.data.metrics["draft_vocab_size"] == int(r.data.params["vocab.size"])  # not mixed up
+    # the top-K sets are nested, so the benchmark answers' coverage cannot fall as K grows
+    small, large = sorted(sweep, key=lambda r: int(r.data.params["vocab.size"]))
+    assert 0 < small.data.metrics["eval_coverage"] <= large.data.metrics["eval_coverage"] <= 1
     first, second = sorted(sweep, key=lambda r: r.info.start_time)
     assert second.info.start_time < first.info.end_time  # two workers really ran them together
     names = [r.info.run_name for r in sweep]
@@ -93,7 +96,8 @@ def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_pat
     assert reported.returncode == 0, reported.stderr
     out = project / "report"
     markdown = (out / "report.md").read_text()
-    assert all(name in markdown for name in names) and "Speedup peaks at a draft vocabulary of" in markdown
+    assert all(name in markdown for name in names)
+    assert "Speedup peaks at a draft vocabulary of" in markdown or "No size is measurably faster" in markdown
     for plot in ("coverage", "acceptance_length", "draft_ms_per_step", "speedup"):
         assert (out / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"({plot}.png)" in markdown

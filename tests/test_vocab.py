@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, load_mapping, save_vocab_map
+from eagle3.vocab import (
+    build_vocab_map,
+    count_tokens,
+    coverage_curve,
+    coverage_of,
+    load_mapping,
+    save_vocab_map,
+)
 
 
 def test_target_id_is_draft_id_plus_d2t():
@@ -61,3 +68,11 @@ def test_mapping_round_trip(tmp_path):
     save_vocab_map(vocab, tmp_path, {"draft_vocab_size": 2})
     d2t, t2d, meta = load_mapping(tmp_path)
     assert torch.equal(d2t, vocab.d2t) and torch.equal(t2d, vocab.t2d) and meta["draft_vocab_size"] == 2
+
+
+def test_coverage_of_counts_tokens_inside_the_draft_vocab():
+    t2d = torch.zeros(10, dtype=torch.bool)
+    t2d[[1, 3]] = True
+    assert coverage_of([1, 2, 3, 4], t2d) == 0.5
+    assert coverage_of([1, 1, 1, 9], t2d) == 0.75  # repeats count each time, as in decoding
+    assert coverage_of([], t2d) == 0.0
