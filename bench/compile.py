@@ -1,7 +1,7 @@
 """torch.compile (inductor, freezing) vs eagle3's oneDNN-packed weights for CPU decoding.
 
     python -m bench.compile [--target smollm2-135m-instruct] [--prompts 4] [--tokens 64]
-        [--rows 1 9] [--reps 15] [--modes max-autotune-no-cudagraphs]
+        [--rows 1 9] [--reps 15] [--mode max-autotune-no-cudagraphs] [--steps-only]
 
 Three copies of the float32 target, the same weights in one process:
 - `default`: nn.Linear as transformers builds it;
@@ -34,14 +34,14 @@ from eagle3.params import TargetParams
 from eagle3.target.load import eos_token_ids, load_target
 
 
-def compiled_copy(model: torch.nn.Module, mode: str | None) -> torch.nn.Module:
+def compiled_copy(model: torch.nn.Module, mode: str | None, dynamic: bool) -> torch.nn.Module:
     """The decoder and the lm_head compiled in place on a copy (what greedy_decode calls)."""
     inductor_config.freezing = True  # constant weights: inductor packs them for oneDNN itself
     copy_ = copy.deepcopy(model)
     decoder = copy_.get_decoder()
-    decoder.forward = torch.compile(decoder.forward, dynamic=True, mode=mode)
+    decoder.forward = torch.compile(decoder.forward, dynamic=dynamic, mode=mode)
     head = copy_.get_output_embeddings()
-    head.forward = torch.compile(head.forward, dynamic=True, mode=mode)
+    head.forward = torch.compile(head.forward, dynamic=dynamic, mode=mode)
     return copy_
 
 
@@ -61,6 +61,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--mode", default=None, help="torch.compile mode (None = default)")
+    ap.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="static shapes, the n-token forwards only (no greedy decoding, whose growing cache "
+        "needs dynamic shapes)",
+    )
     args = ap.parse_args()
 
     print("machine:", machine())
@@ -68,7 +74,8 @@ def main() -> None:
     default = target.model
     packed = copy.deepcopy(default)
     pack_linears(packed)
-    models = {"default": default, "packed": packed, "compiled": compiled_copy(default, args.mode)}
+    compiled = compiled_copy(default, args.mode, dynamic=not args.steps_only)
+    models = {"default": default, "packed": packed, "compiled": compiled}
     prompts = mtbench_prompts(target, args.prompts)
     eos = eos_token_ids(default, target.tokenizer)
     ids = torch.randint(100, default.config.vocab_size - 100, (1, args.context + max(args.rows)))
@@ -79,8 +86,9 @@ def main() -> None:
             start = time.perf_counter()
             for n in args.rows:
                 forward_ms(model, prefix, ids[:, args.context : args.context + n])
-            greedy_decode(model, prompts[0][1], 8, eos)
-            print(f"{name}: warm-up {time.perf_counter() - start:.1f} s")
+            if not args.steps_only:
+                greedy_decode(model, prompts[0][1], 8, eos)
+            print(f"{name}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
 
         step: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.reps):
@@ -91,7 +99,7 @@ def main() -> None:
                     )
         rates: dict[str, list[float]] = {name: [] for name in models}
         same = True
-        for i, (_, prompt) in enumerate(prompts):
+        for i, (_, prompt) in enumerate([] if args.steps_only else prompts):
             order = list(models)[i % 3 :] + list(models)[: i % 3]  # rotate who goes first
             outs = {}
             for name in order:
@@ -106,6 +114,8 @@ def main() -> None:
         med = {name: statistics.median(step[(name, n)]) for name in models}
         ratio = med["compiled"] / med["packed"]
         print(f"{n:>3} " + " ".join(f"{med[m]:>10.2f}" for m in models) + f"   {ratio:>15.2f}")
+    if args.steps_only:
+        return
     med = {name: statistics.median(r) for name, r in rates.items()}
     print(f"\nplain greedy, {len(prompts)} MT-bench prompts x {args.tokens} tokens, median tok/s")
     print(" ".join(f"{name}: {med[name]:.1f}" for name in models))
