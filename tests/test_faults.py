@@ -48,3 +48,26 @@ def test_unreachable_or_locked_mlflow_costs_one_line_not_the_outputs(project):
 def test_full_disk_fails_in_one_line_and_the_rerun_resumes(project):
     tally = faults.disk_full(project, tmpfs=False)
     assert survived(tally), tally.notes
+
+
+def test_metrics_versions_compare_without_their_timings(tmp_path):
+    # two complete runs of speculative-eval differ only in measured speeds: either is a whole
+    # version; a different acceptance or a torn file is not
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    path = folder / "speculative-eval.json"
+
+    def digest(text: str) -> str:
+        path.write_text(text)
+        return faults.content_digest(path)
+
+    base = digest('{"acceptance_length": 1.5, "tokens_per_s": 10.0, "per_category": {"a": {"speedup": 1.1}}}')
+    assert (
+        digest('{"acceptance_length": 1.5, "tokens_per_s": 12.5, "per_category": {"a": {"speedup": 0.9}}}')
+        == base
+    )
+    assert (
+        digest('{"acceptance_length": 1.6, "tokens_per_s": 10.0, "per_category": {"a": {"speedup": 1.1}}}')
+        != base
+    )
+    assert digest('{"acceptance_length": 1.5, "tokens_per_s": 1') != base
