@@ -45,8 +45,9 @@ def compiled_copy(model: torch.nn.Module, mode: str | None, dynamic: bool) -> to
     return copy_
 
 
-def forward_ms(model: torch.nn.Module, prefix: torch.Tensor, new: torch.Tensor) -> float:
-    cache = model(prefix, use_cache=True).past_key_values
+def forward_ms(model: torch.nn.Module, prefix_cache, new: torch.Tensor) -> float:
+    """One forward of `new` over a copy of the prompt's KV cache (the copy is not timed)."""
+    cache = copy.deepcopy(prefix_cache)
     start = time.perf_counter()
     model(new, past_key_values=cache, use_cache=True)
     return (time.perf_counter() - start) * 1000
@@ -82,10 +83,12 @@ def main() -> None:
     prefix = ids[:, : args.context]
 
     with torch.no_grad():
+        caches = {}  # the prompt's KV cache per model, built once (inside the warm-up: it compiles too)
         for name, model in models.items():  # warm-up: compiles every shape decoding will use
             start = time.perf_counter()
+            caches[name] = model(prefix, use_cache=True).past_key_values
             for n in args.rows:
-                forward_ms(model, prefix, ids[:, args.context : args.context + n])
+                forward_ms(model, caches[name], ids[:, args.context : args.context + n])
             if not args.steps_only:
                 greedy_decode(model, prompts[0][1], 8, eos)
             print(f"{name}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
@@ -95,7 +98,7 @@ def main() -> None:
             for n in args.rows:
                 for name, model in models.items():
                     step.setdefault((name, n), []).append(
-                        forward_ms(model, prefix, ids[:, args.context : args.context + n])
+                        forward_ms(model, caches[name], ids[:, args.context : args.context + n])
                     )
         rates: dict[str, list[float]] = {name: [] for name in models}
         same = True

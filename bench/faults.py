@@ -224,10 +224,11 @@ def kill_after_files(project: Path, stage: str, watch: str, count: int) -> bool:
     return False
 
 
-def kill_points(rng: random.Random, window: tuple[float, float], n: int):
-    """Yield random kill delays until `n` kills have landed; the caller sends back whether each
-    one did. A run that finished first narrows the window to that delay (the machine was faster
-    than during the reference run), so the next draw lands in the real work. Gives up after 3n draws."""
+def inject_kills(rng: random.Random, window: tuple[float, float], n: int, attempt) -> None:
+    """Call `attempt(delay) -> bool` (True = the kill landed) at random delays until `n` kills
+    have landed. A run that finished first narrows the window to that delay (the machine was
+    faster than during the reference run), so the next draw lands in the real work. Gives up
+    after 3n draws."""
     first, total = window
     lo = max(first * 0.8, 0.0)  # a little before the first output: its write is in flight
     landed = 0
@@ -235,20 +236,10 @@ def kill_points(rng: random.Random, window: tuple[float, float], n: int):
         if landed >= n:
             return
         delay = rng.uniform(lo, max(lo, total * 0.98))
-        if (yield delay):
+        if attempt(delay):
             landed += 1
         else:
             total = delay
-
-
-def drive(points, attempt) -> None:
-    """Run `attempt(delay) -> bool` (True = the kill landed) over a kill_points generator."""
-    delay = next(points, None)
-    while delay is not None:
-        try:
-            delay = points.send(attempt(delay))
-        except StopIteration:
-            return
 
 
 # ---------------------------------------------------------------- faults
@@ -283,7 +274,7 @@ def killed_and_resumed(
         )
         return True
 
-    drive(kill_points(rng, window, points), attempt)
+    inject_kills(rng, window, points, attempt)
     return tally
 
 
@@ -330,7 +321,7 @@ def killed_while_replacing(
             )
         return True
 
-    drive(kill_points(rng, window, points), attempt)
+    inject_kills(rng, window, points, attempt)
     snapshot(scratch, outputs, project)
     write_params(project)
     return tally

@@ -86,8 +86,12 @@ def verdict(experiments: list[Experiment]) -> Verdict:
             f"draft step {_fmt(e.number('draft_ms_per_step'), '.2f')} ms"
         )
 
-    text = [f"Speedup peaks at a draft vocabulary of {k:,} tokens ({_ci(best, 'speedup')}x, {best.name})."]
-    if best is not fastest:
+    all_tied = best is not fastest and len(tied) + 1 == len(rows)
+    if best is fastest:
+        text = [
+            f"Speedup peaks at a draft vocabulary of {k:,} tokens ({_ci(best, 'speedup')}x, {best.name})."
+        ]
+    else:
         text = [
             f"No size is measurably faster than the others: the highest speedup, "
             f"{_ci(fastest, 'speedup')}x at {fastest.draft_vocab_size:,} ({fastest.name}), has an interval "
@@ -95,20 +99,16 @@ def verdict(experiments: list[Experiment]) -> Verdict:
             f"them, {k:,} tokens ({_ci(best, 'speedup')}x, {best.name}): the same speed within noise with "
             f"the cheapest head ({_fmt(best.number('lm_head_params'), ',.0f')} lm_head parameters)."
         ]
-        if len(tied) + 1 == len(rows):
-            lo, hi = (
-                min(e.number("acceptance_length") or 0 for e in rows),
-                max(e.number("acceptance_length") or 0 for e in rows),
-            )
-            text.append(
-                f"Across all {len(rows)} sizes acceptance length stayed within {lo:.2f}-{hi:.2f} while the "
-                f"draft step went from {_fmt(first.number('draft_ms_per_step'), '.2f')} to "
-                f"{_fmt(last.number('draft_ms_per_step'), '.2f')} ms: past {first.draft_vocab_size:,} "
-                "coverage bought no measurable acceptance here."
-            )
-            text += [_seen_in(experiments, rows, reference)]
-            return Verdict(best, rows, " ".join(text))
-    if len({e.draft_vocab_size for e in rows}) == 1:
+    if all_tied:
+        accepted = [e.number("acceptance_length") or 0 for e in rows]
+        text.append(
+            f"Across all {len(rows)} sizes acceptance length stayed within {min(accepted):.2f}-"
+            f"{max(accepted):.2f} while the draft step went from "
+            f"{_fmt(first.number('draft_ms_per_step'), '.2f')} to "
+            f"{_fmt(last.number('draft_ms_per_step'), '.2f')} ms: past {first.draft_vocab_size:,} "
+            "coverage bought no measurable acceptance here."
+        )
+    elif len({e.draft_vocab_size for e in rows}) == 1:
         text.append("Only one size was measured, so nothing is compared; sweep vocab.size to decide.")
     elif best is last:
         text.append(
@@ -127,23 +127,24 @@ def verdict(experiments: list[Experiment]) -> Verdict:
             f"({facts(best)}). Beyond it coverage stops paying for draft cost: at {last.draft_vocab_size:,} "
             f"({facts(last)}) speedup is {_ci(last, 'speedup')}x."
         )
-    ties = [e.name for e in rows if e is not best and e is not fastest and _overlaps(e, best)]
+    # the sentence above named the rows tied with the fastest; these are the rest tied with the pick
+    ties = (
+        []
+        if all_tied
+        else [e.name for e in rows if e is not best and e is not fastest and _overlaps(e, best)]
+    )
     if ties:
         text.append(
             f"The speedup intervals of {', '.join(ties)} overlap the best one's: this many prompts "
             "cannot tell them apart (raise eval.num_prompts)."
         )
-    text.append(_seen_in(experiments, rows, reference))
-    return Verdict(best, rows, " ".join(text))
-
-
-def _seen_in(experiments: list[Experiment], rows: list[Experiment], reference) -> str:
     others = len(sweep_rows(experiments)) - len(rows)
     machine, dtypes = reference
-    return (
+    text.append(
         f"Speeds were measured on {machine} ({', '.join(f'{k} {v}' for k, v in dtypes) or 'dtypes unknown'})"
         + (f"; {others} row(s) measured elsewhere or without speeds are left out." if others else ".")
     )
+    return Verdict(best, rows, " ".join(text))
 
 
 def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> list[Path]:
@@ -161,7 +162,7 @@ def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> 
         if points:
             xs = [x for x, _ in points]
             ys = [e.number(key) for _, e in points]
-            grafted = any(e.number("lookup_tokens") or e.params.get("eval.lookup_tokens") for _, e in points)
+            grafted = any(e.params.get("eval.lookup_tokens") for _, e in points)
             series = "drafter + lookup branch" if grafted and key != "coverage" else "drafter"
             lo = [e.number(f"{key}_ci.lo") for _, e in points]
             hi = [e.number(f"{key}_ci.hi") for _, e in points]
@@ -174,9 +175,9 @@ def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> 
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(set(xs)), [f"{x:,}" for x in sorted(set(xs))], rotation=30)
             if key == "acceptance_length":  # with a lookup branch: the drafter's own part, as servers run it
-                own = [(x, e.number("drafter_acceptance_length")) for x, e in points]
-                own = [(x, y) for x, y in own if y is not None]
-                if any(e.number("drafter_acceptance_length") not in (None, e.number(key)) for _, e in points):
+                pairs = [(x, e.number("drafter_acceptance_length"), e.number(key)) for x, e in points]
+                own = [(x, y) for x, y, _ in pairs if y is not None]
+                if any(y is not None and y != total for _, y, total in pairs):
                     ax.plot(*zip(*own, strict=True), "^--", color="tab:green", label="drafter's tree alone")
                     ax.legend(loc="best")
             if key == "speedup":  # break-even, and the peer a drafter has to beat

@@ -33,6 +33,13 @@ def draft_to_target_ids(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(len(d2t), device=d2t.device) + d2t.long()
 
 
+def target_to_draft_slots(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft slot of every target id, -1 for ids outside the draft vocabulary (int64 [V])."""
+    slots = torch.full((vocab_size,), -1, dtype=torch.long, device=d2t.device)
+    slots[draft_to_target_ids(d2t)] = torch.arange(len(d2t), device=d2t.device)
+    return slots
+
+
 @dataclass
 class VocabMap:
     d2t: torch.Tensor  # int64 [K]

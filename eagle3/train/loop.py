@@ -37,7 +37,7 @@ from eagle3.train.data import Batch, BatchSource, split_samples, target_in_draft
 from eagle3.train.distributed import all_reduce, barrier, device_of, init_distributed
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
 from eagle3.train.ttt import TTTModel, acceptance_length, flops_per_token_step, step_valid
-from eagle3.vocab import draft_to_target_ids
+from eagle3.vocab import draft_to_target_ids, target_to_draft_slots
 
 __all__ = ["CHECKPOINT", "TrainInputs", "TrainOutcome", "TrainRecipe", "train_drafter", "trainable_state"]
 
@@ -122,9 +122,11 @@ class TrainRecipe:
         self.drafter = drafter
         topk = None
         if p.target_topk:  # train on the target's top-N only (the SGLang logprobs alternative)
-            slot = torch.full((len(inputs.t2d),), -1, dtype=torch.long)
-            slot[draft_to_target_ids(inputs.d2t)] = torch.arange(len(inputs.d2t))
-            topk = (p.target_topk, inputs.head.to(compute), slot)
+            topk = (
+                p.target_topk,
+                inputs.head.to(compute),
+                target_to_draft_slots(inputs.d2t, len(inputs.t2d)),
+            )
         self.model = TTTModel(drafter, head_rows.to(compute), p.ttt_length, p.ttt_decay, topk).to(self.device)
         self.ddp_model = self.model
         if self.dist.world > 1:

@@ -61,14 +61,17 @@ class StepStats:
         return torch.stack([self.loss_sum, self.correct, self.count])
 
 
-def topk_target(last_hidden: Tensor, full_head: Tensor, draft_slot: Tensor, n: int) -> Tensor:
+def topk_target(
+    last_hidden: Tensor, full_head: Tensor, draft_slot: Tensor, n: int, draft_size: int | None = None
+) -> Tensor:
     """[B, T, K] probabilities: the target's top-n tokens over its whole vocabulary, those inside
-    the draft vocab kept and renormalised (draft_slot [V]: draft id of a target id, -1 if none)."""
+    the draft vocab kept and renormalised (draft_slot [V]: draft id of a target id, -1 if none;
+    draft_size K, else read from draft_slot, which costs a pass over it and a device sync)."""
     top, ids = (last_hidden.to(full_head.dtype) @ full_head.T).float().topk(n, dim=-1)
     slots = draft_slot[ids]
     p = top.softmax(-1) * (slots >= 0)
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
-    out = p.new_zeros(*p.shape[:-1], int(draft_slot.max()) + 1)
+    out = p.new_zeros(*p.shape[:-1], draft_size or int(draft_slot.max()) + 1)
     return out.scatter_add_(-1, slots.clamp_min(0), p)  # p is 0 wherever the slot was -1
 
 
@@ -107,7 +110,9 @@ class TTTModel(nn.Module):
         with torch.no_grad():
             target_logits = batch.last_hidden.to(self.head_rows.dtype) @ self.head_rows.T  # [B, T, K]
             soft = (
-                topk_target(batch.last_hidden, self.full_head, self.draft_slot, self.topk_n)
+                topk_target(
+                    batch.last_hidden, self.full_head, self.draft_slot, self.topk_n, len(self.head_rows)
+                )
                 if self.topk_n
                 else None
             )
