@@ -62,10 +62,14 @@ class ExtractParams(Section):
     shard_samples: int = Field(default=128, ge=1)
     # backend "sglang": running SGLang servers (one address or a list of data-parallel servers).
     # sglang_url: servers launched with --enable-return-hidden-states
-    #   --enable-return-aux-hidden-states --return-aux-hidden-state-layer-ids <aux layers>;
-    # sglang_final_url: servers of the same target with --enable-return-hidden-states only
-    #   (the aux mode returns no final-norm state, which training needs; README "Scale-out").
+    #   --enable-return-aux-hidden-states --return-aux-hidden-state-layer-ids <aux layers>.
+    # The aux mode returns no final-norm state, so the target's own prediction, which training
+    # needs, comes either from the same request's top-N logprobs (sglang_target: top_logprobs,
+    # N = sglang_top_logprobs) or from a second kind of server (final_state: sglang_final_url,
+    # servers of the same target with --enable-return-hidden-states only; README "Scale-out").
     sglang_url: str | list[str] | None = None
+    sglang_target: Literal["top_logprobs", "final_state"] = "top_logprobs"
+    sglang_top_logprobs: int = Field(default=20, ge=1, le=1024)
     sglang_final_url: str | list[str] | None = None
     # Requests in flight over all servers of both kinds.
     sglang_requests_in_flight: int = Field(default=16, ge=1, le=1024)
@@ -93,10 +97,21 @@ class ExtractParams(Section):
 
     @model_validator(mode="after")
     def _sglang_needs_urls(self) -> ExtractParams:
-        if self.backend == "sglang" and not (self.sglang_url and self.sglang_final_url):
+        if self.backend != "sglang":
+            return self
+        if not self.sglang_url:
             raise ValueError(
-                "backend 'sglang' needs sglang_url (servers in aux hidden-state mode) and "
-                "sglang_final_url (servers in plain hidden-state mode); see README 'Scale-out'"
+                "backend 'sglang' needs sglang_url (servers in aux hidden-state mode); see README 'Scale-out'"
+            )
+        if self.sglang_target == "final_state" and not self.sglang_final_url:
+            raise ValueError(
+                "sglang_target 'final_state' needs sglang_final_url (servers in plain hidden-state "
+                "mode); or use sglang_target: top_logprobs, which needs no second server"
+            )
+        if self.sglang_target == "top_logprobs" and self.sglang_final_url:
+            raise ValueError(
+                "sglang_final_url is used only with sglang_target: final_state (top_logprobs takes "
+                "the target's prediction from the aux request itself): remove it or set final_state"
             )
         return self
 
@@ -132,8 +147,9 @@ class TrainParams(Section):
     # fed to the next TTT / draft step instead of the pre-norm residual stream.
     fc_norm: bool = False
     norm_output: bool = False
-    # null = learn the target's whole next-token distribution (from last_hidden); N = only its
-    # top-N tokens, renormalised: what SGLang's top-N logprobs would give without a second server.
+    # null = learn all the store holds of the target's next-token distribution: the whole of it
+    # (from last_hidden), or the top-N an SGLang store carries; N = only its top-N tokens,
+    # renormalised over the draft vocabulary (on a top-N store, at most the N it holds).
     target_topk: int | None = Field(default=None, ge=1)
     epochs: int = Field(default=3, ge=1)
     # Sequences are packed/cut to this many tokens per micro-batch row.

@@ -20,6 +20,7 @@ OUT = Path("artifacts/patch-check")
 
 def sglang_report(params: Params) -> dict:
     # imported here: the hf path needs none of the HTTP client
+    from eagle3.data.extract import stored_topk
     from eagle3.data.sglang_extract import check_inputs, server_pools, text_config
     from eagle3.target.sglang_check import (
         check_pools,
@@ -38,9 +39,12 @@ def sglang_report(params: Params) -> dict:
     target = load_target(params.target)
     inputs, prompt = check_inputs(target.tokenizer, has_chat_template(params.target.source))
     reference = hf_reference(target.model, aux_layers)
-    checks = run_sglang_patch_check(aux, final, inputs, prompt, config.hidden_size, aux_layers, reference)
+    top = stored_topk(params)
+    checks = run_sglang_patch_check(
+        aux, final, inputs, prompt, config.hidden_size, aux_layers, reference, top
+    )
     return {
-        "fingerprint": sglang_fingerprint(fingerprint(target, aux_layers), aux_args, final_args, rule),
+        "fingerprint": sglang_fingerprint(fingerprint(target, aux_layers), aux_args, final_args, rule, top),
         "convention": f"aux layer id L = output of decoder layer L = HF hidden_states[L + 1]; SGLang "
         f"({rule.family}): {rule.capture}",
         "checks": checks,

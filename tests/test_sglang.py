@@ -262,14 +262,26 @@ def test_params_list_servers_and_refuse_what_cannot_run():
         {
             "extract": {
                 "backend": "sglang",
+                "sglang_target": "final_state",
                 "sglang_url": ["http://a:1", "http://b:1"],
                 "sglang_final_url": "http://c:1",
             }
         }
     )
     assert params.extract.sglang_urls() == (["http://a:1", "http://b:1"], ["http://c:1"])
-    with pytest.raises(ParamsError, match="sglang_final_url"):
-        parse_params({"extract": {"backend": "sglang", "sglang_url": "http://a:1"}})
+    # the default takes the target's prediction from the aux request: one kind of server
+    default = parse_params({"extract": {"backend": "sglang", "sglang_url": "http://a:1"}}).extract
+    assert (default.sglang_target, default.sglang_top_logprobs) == ("top_logprobs", 20)
+    with pytest.raises(ParamsError, match="final_state' needs sglang_final_url"):
+        parse_params(
+            {"extract": {"backend": "sglang", "sglang_target": "final_state", "sglang_url": "http://a:1"}}
+        )
+    with pytest.raises(ParamsError, match="sglang_final_url is used only with sglang_target: final_state"):
+        parse_params(
+            {"extract": {"backend": "sglang", "sglang_url": "http://a:1", "sglang_final_url": "http://c:1"}}
+        )
+    with pytest.raises(ParamsError, match="needs sglang_url"):
+        parse_params({"extract": {"backend": "sglang"}})
     with pytest.raises(ParamsError, match="must start with http"):
         parse_params({"extract": {"sglang_url": "a:1"}})
     with pytest.raises(ParamsError, match="eval.backend"):
@@ -337,6 +349,7 @@ def tiny(data_file: Path, aux_url: str, final_url: str, **data) -> dict:
         "data": {"source": str(data_file), "num_samples": 3, "max_length": 128, "seed": 0} | data,
         "extract": {
             "backend": "sglang",
+            "sglang_target": "final_state",
             "sglang_url": aux_url,
             "sglang_final_url": final_url,
             "shard_samples": 2,

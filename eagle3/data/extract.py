@@ -149,8 +149,16 @@ def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int
 TRANSPORT_KEYS = {"sglang_url", "sglang_final_url", "sglang_requests_in_flight"}
 
 
+def stored_topk(params: Params) -> int | None:
+    """N when the store holds the target's top-N predictions (SGLang top logprobs), else None."""
+    e = params.extract
+    return e.sglang_top_logprobs if e.backend == "sglang" and e.sglang_target == "top_logprobs" else None
+
+
 def config_hash(params: Params, fingerprint: dict) -> str:
     extract = params.extract.model_dump(exclude=TRANSPORT_KEYS)
+    if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
+        extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}
     material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
     return sha256_json(material)
 
@@ -287,6 +295,9 @@ def run_extraction(
         "data": params.data.model_dump(),
         "shards": shards,
     }
+    topk = stored_topk(params)
+    if topk:  # the target's top-N (id int32 + logprob float32) in place of last_hidden
+        manifest |= {"target_topk": topk, "bytes_per_token": 3 * hidden_size * 2 + topk * 8 + 4 + 1}
     manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum
     (out_dir / JOURNAL).unlink(missing_ok=True)
     return manifest

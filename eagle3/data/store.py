@@ -4,7 +4,10 @@ Layout of `artifacts/extract/`:
   shard-00000.safetensors  per-token rows of `shard_samples` samples, concatenated:
                            input_ids int32 [N], loss_mask uint8 [N], aux_hidden bf16 [N, 3H],
                            last_hidden bf16 [N, H], offsets int64 [S + 1] (sample i = rows
-                           offsets[i]:offsets[i+1])
+                           offsets[i]:offsets[i+1]); a top-N store (SGLang's top logprobs,
+                           manifest `target_topk`: N) holds target_topk_ids int32 [N, n] and
+                           target_topk_logprobs float32 [N, n] instead of last_hidden: row t
+                           is the target's top-n prediction of token t + 1, best first
   tokens.safetensors       input_ids, loss_mask and offsets of all samples, so vocab-map
                            never reads hidden states
   manifest.json            schema version, target fingerprint, aux layer ids, dtype, and per
@@ -39,6 +42,7 @@ MANIFEST = "manifest.json"
 JOURNAL = "journal.json"
 TOKENS = "tokens.safetensors"
 FEATURE_KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
+TOPK_KEYS = ("input_ids", "loss_mask", "aux_hidden", "target_topk_ids", "target_topk_logprobs")
 SHARD_NAME = re.compile(r"shard-(\d{5})\.safetensors")
 RERUN = "re-run the extract stage (dvc repro extract): it recomputes only what is damaged"
 
@@ -53,15 +57,27 @@ def shard_name(index: int) -> str:
 
 @dataclass
 class Sample:
+    """One sample's features. What training needs of the target's own prediction is either its
+    final-norm state (last_hidden, recomputed into logits with the lm_head) or its top-N."""
+
     input_ids: torch.Tensor  # int32 [T]
     loss_mask: torch.Tensor  # uint8 [T]
     aux_hidden: torch.Tensor  # bf16 [T, 3H]
-    last_hidden: torch.Tensor  # bf16 [T, H]
+    last_hidden: torch.Tensor | None = None  # bf16 [T, H]
+    target_topk_ids: torch.Tensor | None = None  # int32 [T, N]: top-N prediction of token t + 1
+    target_topk_logprobs: torch.Tensor | None = None  # float32 [T, N], best first
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return FEATURE_KEYS if self.last_hidden is not None else TOPK_KEYS
 
 
 def pack(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    keys = samples[0].keys
+    if any(s.keys != keys for s in samples):
+        raise ValueError("a shard mixes samples with last_hidden and samples with top-N targets")
     lengths = torch.tensor([0] + [len(s.input_ids) for s in samples], dtype=torch.int64)
-    packed = {key: torch.cat([getattr(s, key) for s in samples]).contiguous() for key in FEATURE_KEYS}
+    packed = {key: torch.cat([getattr(s, key) for s in samples]).contiguous() for key in keys}
     packed["offsets"] = torch.cumsum(lengths, 0)
     return packed
 
@@ -70,8 +86,12 @@ def check_finite(index: int, samples: list[Sample]) -> None:
     """InputError naming the first sample whose captured states hold NaN or Inf: a drafter
     trained on them learns nothing (its loss turns NaN), so they are refused before storing."""
     for i, sample in enumerate(samples):
-        for key in ("aux_hidden", "last_hidden"):
-            bad = ~torch.isfinite(getattr(sample, key))
+        for key in ("aux_hidden", "last_hidden", "target_topk_logprobs"):
+            value = getattr(sample, key)
+            if value is None:
+                continue
+            # a logprob may be -inf (a probability that underflowed), never NaN or above 0
+            bad = value.isnan() | (value > 0) if key == "target_topk_logprobs" else ~torch.isfinite(value)
             if bad.any():
                 token = int(bad.any(dim=-1).nonzero()[0, 0])
                 raise InputError(
@@ -181,6 +201,7 @@ class FeatureStore:
             isinstance(e, dict) and {"file", "samples", "sha256"} <= e.keys() for e in self.shards
         ):
             raise CorruptStoreError(f"{path}: 'shards' is not a list of file/samples/sha256 entries; {RERUN}")
+        self.keys = TOPK_KEYS if self.target_topk else FEATURE_KEYS
         self._starts = [0]
         for shard in self.shards:
             self._starts.append(self._starts[-1] + shard["samples"])
@@ -196,6 +217,11 @@ class FeatureStore:
     @property
     def aux_layers(self) -> list[int]:
         return self.manifest["aux_layers"]
+
+    @property
+    def target_topk(self) -> int | None:
+        """N for a store of the target's top-N predictions; None for one of last_hidden rows."""
+        return self.manifest.get("target_topk")
 
     def verify(self) -> None:
         """Raise CorruptStoreError naming the first file (shard or token file) whose bytes differ
@@ -230,7 +256,7 @@ class FeatureStore:
         handle, offsets = self._shard(shard)
         local = i - self._starts[shard]
         lo, hi = offsets[local], offsets[local + 1]
-        return {key: handle.get_slice(key)[lo:hi] for key in FEATURE_KEYS}
+        return {key: handle.get_slice(key)[lo:hi] for key in self.keys}
 
     def tokens(self) -> dict[str, torch.Tensor]:
         """input_ids, loss_mask and offsets of all samples, checked against the manifest first."""

@@ -1,6 +1,7 @@
 """patch-check for the SGLang backend: the servers run a supported version in the right mode,
 the requested layers come back for every prompt position and decode step, and the rows agree
-with the HF float32 reference within the bf16 tolerance measured in tests/fixtures/sglang.
+with the HF float32 reference within the bf16 tolerance measured in tests/fixtures/sglang; so
+do the target's top-N logprobs (sglang_target: top_logprobs), position by position.
 
 Every server of both pools is checked on the same few conversations (the ones recorded in the
 fixtures), rendered by the caller exactly as extraction renders them (eagle3/data/sglang_extract.py).
@@ -40,7 +41,15 @@ GENERATE_TOKENS = 16
 MIN_ROW_COSINE = 0.995
 MIN_MEAN_COSINE = 0.9995
 
-# input ids -> {"layer_<L>": [T, H], "final_norm": [T, H]} in float32 (the fixtures' naming)
+# SGLang bf16 top logprobs against HF float32 (tests/fixtures/sglang/logprobs): TOP1_AGREEMENT
+# of the positions must have the same best token, and the logprob SGLang gives its best token
+# must lie within MAX_TOP1_LOGPROB_ERROR of the reference's logprob for that token. A shifted
+# position or another model agrees on few positions and misses by whole nats.
+MIN_TOP1_AGREEMENT = 0.9
+MAX_TOP1_LOGPROB_ERROR = 0.5
+
+# input ids -> {"layer_<L>": [T, H], "final_norm": [T, H], "log_probs": [T, V]} in float32
+# (the fixtures' naming; log_probs row t is the prediction of token t + 1)
 Reference = Callable[[list[int]], dict[str, Tensor]]
 
 
@@ -49,9 +58,10 @@ def hf_reference(model: torch.nn.Module, aux_layers: list[int]) -> Reference:
 
     @torch.no_grad()
     def reference(ids: list[int]) -> dict[str, Tensor]:
-        states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-        out = {f"layer_{layer}": states[layer + 1][0].float() for layer in aux_layers}
-        return out | {"final_norm": states[-1][0].float()}
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+        states = out.hidden_states
+        ref = {f"layer_{layer}": states[layer + 1][0].float() for layer in aux_layers}
+        return ref | {"final_norm": states[-1][0].float(), "log_probs": out.logits[0].float().log_softmax(-1)}
 
     return reference
 
@@ -68,20 +78,44 @@ def agreement(rows: Tensor, reference: dict[str, Tensor], names: list[str]) -> d
     return result
 
 
+def logprob_agreement(ids: Tensor, logprobs: Tensor, log_probs: Tensor) -> dict:
+    """A server's top-n (ids, logprobs [T, n]) against the reference's log_probs [T, V]."""
+    reference_best = log_probs.argmax(-1)
+    error = (logprobs[:, 0] - log_probs.gather(-1, ids[:, :1].long())[:, 0]).abs()
+    return {
+        "top1_agreement": round((ids[:, 0].long() == reference_best).float().mean().item(), 6),
+        "max_top1_logprob_error": round(error.max().item(), 6),
+        "mean_top1_logprob_error": round(error.mean().item(), 6),
+    }
+
+
 def _failures(where: str, scores: dict[str, dict]) -> list[str]:
-    return [
-        f"{where} {name}: min cosine {s['min_cosine']} (needs >= {MIN_ROW_COSINE}), "
-        f"mean {s['mean_cosine']} (needs >= {MIN_MEAN_COSINE})"
-        for name, s in scores.items()
-        if s["min_cosine"] < MIN_ROW_COSINE or s["mean_cosine"] < MIN_MEAN_COSINE
-    ]
+    failed = []
+    for name, s in scores.items():
+        if "top1_agreement" in s:
+            worst = s["max_top1_logprob_error"]
+            if s["top1_agreement"] < MIN_TOP1_AGREEMENT or worst > MAX_TOP1_LOGPROB_ERROR:
+                failed.append(
+                    f"{where} {name}: best token agrees at {s['top1_agreement']} of positions (needs >= "
+                    f"{MIN_TOP1_AGREEMENT}), its logprob is off by up to {s['max_top1_logprob_error']} "
+                    f"(needs <= {MAX_TOP1_LOGPROB_ERROR})"
+                )
+        elif s["min_cosine"] < MIN_ROW_COSINE or s["mean_cosine"] < MIN_MEAN_COSINE:
+            failed.append(
+                f"{where} {name}: min cosine {s['min_cosine']} (needs >= {MIN_ROW_COSINE}), "
+                f"mean {s['mean_cosine']} (needs >= {MIN_MEAN_COSINE})"
+            )
+    return failed
 
 
 def check_pools(
-    aux: ServerPool, final: ServerPool, aux_layers: list[int], rule: LayerIdRule
-) -> tuple[dict, dict]:
-    """Version and mode of every server (cheap: no model needed); the args records of both pools."""
+    aux: ServerPool, final: ServerPool | None, aux_layers: list[int], rule: LayerIdRule
+) -> tuple[dict, dict | None]:
+    """Version and mode of every server (cheap: no model needed); the args records of both pools
+    (None for the final-state pool where there is none: sglang_target top_logprobs)."""
     aux_args = check_pool_args({u: aux.server_info(u) for u in aux.urls}, "aux", aux_layers, rule)
+    if final is None:
+        return aux_args, None
     final_args = check_pool_args({u: final.server_info(u) for u in final.urls}, "final", aux_layers, rule)
     if aux_args["version"] != final_args["version"] or aux_args["dtype"] != final_args["dtype"]:
         raise ValueError(
@@ -93,37 +127,46 @@ def check_pools(
 
 def run_sglang_patch_check(
     aux: ServerPool,
-    final: ServerPool,
+    final: ServerPool | None,
     prefill_inputs: list[list[int]],
     generate_prompt: list[int],
     hidden_size: int,
     aux_layers: list[int],
     reference: Reference,
+    top_logprobs: int | None = None,
 ) -> list[dict]:
-    """Compare every server's rows with `reference` on `prefill_inputs` (prefill) and on a greedy
-    answer to `generate_prompt` (decode steps); raise PatchCheckError listing every
-    disagreement, else return the per-check scores."""
+    """Compare every server's rows (and with `top_logprobs` N, the aux requests' top-N
+    logprobs) with `reference` on `prefill_inputs` (prefill) and on a greedy answer to
+    `generate_prompt` (decode steps); raise PatchCheckError listing every disagreement, else
+    return the per-check scores. `final` is None when the top logprobs replace it."""
     names = [f"layer_{layer}" for layer in aux_layers]
     checks, failed = [], []
+
+    def scored(rows, want: dict[str, Tensor], keys: list[str], states: Tensor) -> dict[str, dict]:
+        scores = agreement(states, want, keys)
+        if rows.top_ids is not None:
+            scores["top_logprobs"] = logprob_agreement(rows.top_ids, rows.top_logprobs, want["log_probs"])
+        return scores
+
+    pools = [(aux, "aux", 3 * hidden_size, names, top_logprobs)]
+    if final is not None:
+        pools.append((final, "final", hidden_size, ["final_norm"], None))
     for ids in prefill_inputs:
         want = reference(ids)
-        for pool, kind, width, keys in (
-            (aux, "aux", 3 * hidden_size, names),
-            (final, "final", hidden_size, ["final_norm"]),
-        ):
+        for pool, kind, width, keys, top in pools:
             for url in pool.urls:
                 rows = request_rows(
-                    ServerPool([url], pool.timeout_s), prefill_body(ids), width, f"{kind} rows"
+                    ServerPool([url], pool.timeout_s), prefill_body(ids, top), width, f"{kind} rows"
                 )
-                scores = agreement(rows.prefill, want, keys)
+                scores = scored(rows, want, keys, rows.prefill)
                 failed += _failures(f"{url} prefill of {len(ids)} tokens,", scores)
                 checks.append({"server": kind, "kind": "prefill", "tokens": len(ids), "agreement": scores})
     # decode-step rows: the server's own answer, fed back to the reference
     for url in aux.urls:
-        body = generate_body(generate_prompt, GENERATE_TOKENS, [], ignore_eos=True)
+        body = generate_body(generate_prompt, GENERATE_TOKENS, [], ignore_eos=True, top_logprobs=top_logprobs)
         rows = request_rows(ServerPool([url], aux.timeout_s), body, 3 * hidden_size, "aux rows")
         fed = generate_prompt + rows.output_ids[:-1]
-        scores = agreement(torch.cat([rows.prefill, rows.decode]), reference(fed), names)
+        scores = scored(rows, reference(fed), names, torch.cat([rows.prefill, rows.decode]))
         failed += _failures(f"{url} generation of {len(rows.output_ids)} tokens,", scores)
         checks.append({"server": "aux", "kind": "generate", "tokens": len(fed), "agreement": scores})
     if failed:
@@ -131,8 +174,11 @@ def run_sglang_patch_check(
     return checks
 
 
-def sglang_fingerprint(base: dict, aux_args: dict, final_args: dict, rule: LayerIdRule) -> dict:
-    """The transformers fingerprint of the local target files, with the engine replaced by SGLang."""
+def sglang_fingerprint(
+    base: dict, aux_args: dict, final_args: dict | None, rule: LayerIdRule, top_logprobs: int | None = None
+) -> dict:
+    """The transformers fingerprint of the local target files, with the engine replaced by SGLang
+    and what the target's prediction comes from (top-N logprobs, or the final-state servers)."""
     fp = {k: v for k, v in base.items() if k not in ("engine", "engine_version", "torch_version", "dtype")}
     return fp | {
         "engine": "sglang",
@@ -140,5 +186,6 @@ def sglang_fingerprint(base: dict, aux_args: dict, final_args: dict, rule: Layer
         "dtype": aux_args["dtype"],
         "server_args": aux_args,
         "final_server_args": final_args,
+        "target_top_logprobs": top_logprobs,
         "layer_id_family": rule.family,
     }

@@ -9,6 +9,14 @@ tests/fixtures/sglang/README.md):
 W is 3H in aux mode (layers in the order of --return-aux-hidden-state-layer-ids) and H in the
 plain mode (the final-norm state). Rows that do not cover the whole prompt are never returned
 as if they did: they raise PartialPrefillError, and `request_rows` flushes and asks again.
+
+With `top_logprobs` (return_logprob, logprob_start_len 0, top_logprobs_num N) the same request
+carries the target's top-N next tokens, as [logprob, token id, text] triples per position:
+  meta_info.input_top_logprobs[i]   predicts input token i from the tokens before it (entry 0,
+                                    with nothing before it, is None), one entry per prompt token;
+  meta_info.output_top_logprobs[k]  predicts output_ids[k].
+Stored like last_hidden, row t is the prediction of token t + 1: input entry t + 1 within the
+prompt, then output entry t - P + 1 from the last prompt position P - 1 on.
 """
 
 from __future__ import annotations
@@ -34,19 +42,38 @@ class Rows:
     prefill: Tensor  # float32 [P, W], row i = input position i
     decode: Tensor  # float32 [N - 1, W], row j = position P + j (input token output_ids[j])
     output_ids: list[int]
+    # with top logprobs: [P + N - 1, n], row t = the target's top-n prediction of token t + 1
+    top_ids: Tensor | None = None  # int32
+    top_logprobs: Tensor | None = None  # float32, best first
 
 
-def prefill_body(input_ids: list[int]) -> dict:
+def logprob_fields(top_logprobs: int | None) -> dict:
+    """What asks SGLang for the top-N logprobs at every input position (none when None)."""
+    if not top_logprobs:
+        return {}
+    return {
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": top_logprobs,
+        "return_text_in_logprobs": False,
+    }
+
+
+def prefill_body(input_ids: list[int], top_logprobs: int | None = None) -> dict:
     """A prefill-only request: one new token is the least SGLang computes states for."""
     return {
         "input_ids": list(input_ids),
         "sampling_params": {"max_new_tokens": 1, "temperature": 0},
         "return_hidden_states": True,
-    }
+    } | logprob_fields(top_logprobs)
 
 
 def generate_body(
-    input_ids: list[int], max_new_tokens: int, stop_ids: list[int], ignore_eos: bool = False
+    input_ids: list[int],
+    max_new_tokens: int,
+    stop_ids: list[int],
+    ignore_eos: bool = False,
+    top_logprobs: int | None = None,
 ) -> dict:
     """Greedy generation whose decode steps return their rows too."""
     sampling: dict = {"max_new_tokens": max_new_tokens, "temperature": 0}
@@ -54,7 +81,8 @@ def generate_body(
         sampling["ignore_eos"] = True
     elif stop_ids:
         sampling["stop_token_ids"] = sorted(stop_ids)
-    return {"input_ids": list(input_ids), "sampling_params": sampling, "return_hidden_states": True}
+    body = {"input_ids": list(input_ids), "sampling_params": sampling, "return_hidden_states": True}
+    return body | logprob_fields(top_logprobs)
 
 
 def _matrix(rows: object, width: int, what: str, url: str) -> np.ndarray:
@@ -68,7 +96,52 @@ def _matrix(rows: object, width: int, what: str, url: str) -> np.ndarray:
     return array
 
 
-def parse_rows(response: dict, prompt_len: int, width: int, what: str, url: str = "server") -> Rows:
+def _top_entries(entries: list, n: int, where: str, url: str) -> tuple[np.ndarray, np.ndarray]:
+    """[len, n] ids and logprobs from SGLang's [logprob, id, text] triples, best first."""
+    ids = np.zeros((len(entries), n), dtype=np.int32)
+    logprobs = np.zeros((len(entries), n), dtype=np.float32)
+    for row, entry in enumerate(entries):
+        if not isinstance(entry, list) or len(entry) != n:
+            got = len(entry) if isinstance(entry, list) else type(entry).__name__
+            raise SGLangError(f"{url}: {where}[{row}] holds {got} top logprobs, expected {n}")
+        try:
+            logprobs[row] = [float(t[0]) for t in entry]
+            ids[row] = [int(t[1]) for t in entry]
+        except (TypeError, ValueError, IndexError):
+            raise SGLangError(f"{url}: {where}[{row}] is not a list of [logprob, id, text]") from None
+    return ids, logprobs
+
+
+def parse_top(response: dict, prompt_len: int, n: int, url: str = "server") -> tuple[Tensor, Tensor]:
+    """(ids int32, logprobs float32), each [P + N - 1, n]: row t = the top-n prediction of token t + 1."""
+    meta = response.get("meta_info", {})
+    given, made = meta.get("input_top_logprobs"), meta.get("output_top_logprobs")
+    if given is None or made is None:
+        raise SGLangError(
+            f"{url}: the response has no meta_info.input_top_logprobs / output_top_logprobs: send "
+            "return_logprob: true, logprob_start_len: 0 and top_logprobs_num"
+        )
+    if len(given) != prompt_len:
+        raise PartialPrefillError(
+            f"{url}: top logprobs for {len(given)} of {prompt_len} prompt positions "
+            f"({meta.get('cached_tokens') or 0} cached tokens)"
+        )
+    outputs = len(response.get("output_ids") or [])
+    if len(made) != outputs or outputs == 0:
+        raise SGLangError(f"{url}: {len(made)} output top-logprob entries for {outputs} output tokens")
+    # input entry 0 predicts nothing; output entry k predicts output_ids[k] from position P + k - 1
+    ids, logprobs = _top_entries(list(given[1:]) + list(made), n, "top logprobs", url)
+    return torch.from_numpy(ids), torch.from_numpy(logprobs)
+
+
+def parse_rows(
+    response: dict,
+    prompt_len: int,
+    width: int,
+    what: str,
+    url: str = "server",
+    top_logprobs: int | None = None,
+) -> Rows:
     """Position-aligned rows of one /generate response; raise on anything short or misshapen."""
     meta = response.get("meta_info", {})
     states = meta.get("hidden_states")
@@ -91,16 +164,20 @@ def parse_rows(response: dict, prompt_len: int, width: int, what: str, url: str 
         raise SGLangError(
             f"{url}: {len(steps)} decode rows for {len(output_ids)} output tokens (expected one fewer)"
         )
-    return Rows(torch.from_numpy(prefill), torch.from_numpy(decode), output_ids)
+    rows = Rows(torch.from_numpy(prefill), torch.from_numpy(decode), output_ids)
+    if top_logprobs:
+        rows.top_ids, rows.top_logprobs = parse_top(response, prompt_len, top_logprobs, url)
+    return rows
 
 
 def request_rows(pool: ServerPool, body: dict, width: int, what: str) -> Rows:
     """Send `body` to the next server of `pool`; on a prefix-cache hit flush that server's cache
     and ask again, so that rows are never stored short."""
     url = pool.pick()
+    top = body.get("top_logprobs_num")
     for _ in range(CACHE_HIT_RETRIES):
         try:
-            return parse_rows(pool.generate(url, body), len(body["input_ids"]), width, what, url)
+            return parse_rows(pool.generate(url, body), len(body["input_ids"]), width, what, url, top)
         except PartialPrefillError as err:
             last = err
             pool.flush_cache(url)

@@ -19,6 +19,7 @@ from eagle3.data.store import FeatureStore
 from eagle3.device import resolve_dtype
 
 POOL_BATCHES = 16  # batches per sorting pool: more = less padding, less randomness
+TOPK_FIELDS = ("target_topk_ids", "target_topk_logprobs")
 
 
 @dataclass
@@ -29,14 +30,20 @@ class Batch:
     real: Tensor  # bool [B, T]: False on padding
     position_ids: Tensor  # int64 [B, T]
     aux_hidden: Tensor  # [B, T, 3H]
-    last_hidden: Tensor  # [B, T, H]
+    # the target's prediction of token t + 1: its final-norm state, or (a top-N store) its top-N
+    last_hidden: Tensor | None = None  # [B, T, H]
+    topk_ids: Tensor | None = None  # int64 [B, T, N], best first
+    topk_logprobs: Tensor | None = None  # float32 [B, T, N]
 
     @property
     def num_tokens(self) -> int:
         return int(self.real.sum())
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+        def moved(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return Batch(*(moved(getattr(self, f.name)) for f in fields(self)))
 
 
 def split_samples(num_samples: int, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -83,35 +90,50 @@ class BatchSource:
         mask = torch.zeros(b, width, dtype=torch.bool)
         in_draft = torch.zeros(b, width, dtype=torch.bool)
         real = torch.zeros(b, width, dtype=torch.bool)
-        aux = last = None
+        # float feature -> its padded [B, T, ...] batch tensor; the target's keys as the store holds them
+        target_keys = ("last_hidden",) if self.store.target_topk is None else TOPK_FIELDS
+        padded: dict[str, Tensor] = {}
         for r, s in enumerate(samples):
             feats = self.store.sample(s)
             n = self.lengths[s]
-            if aux is None:
-                h3, h = feats["aux_hidden"].shape[-1], feats["last_hidden"].shape[-1]
-                aux = torch.zeros(b, width, h3, dtype=feats["aux_hidden"].dtype)
-                last = torch.zeros(b, width, h, dtype=feats["last_hidden"].dtype)
+            if not padded:
+                for key in ("aux_hidden", *target_keys):
+                    kind = torch.int64 if key == "target_topk_ids" else feats[key].dtype
+                    padded[key] = torch.zeros(b, width, feats[key].shape[-1], dtype=kind)
             ids[r, :n] = feats["input_ids"][:n].long()
             mask[r, :n] = feats["loss_mask"][:n].bool()
             in_draft[r, :n] = self.in_draft[s][:n]
             real[r, :n] = True
-            aux[r, :n] = feats["aux_hidden"][:n]
-            last[r, :n] = feats["last_hidden"][:n]
+            for key, tensor in padded.items():
+                tensor[r, :n] = feats[key][:n]
+        aux, last = padded["aux_hidden"], padded.get("last_hidden")
         if dtype is not None:
-            aux, last = aux.to(dtype), last.to(dtype)
+            aux, last = aux.to(dtype), None if last is None else last.to(dtype)
         pos = torch.arange(width).expand(b, width).contiguous()
-        return Batch(ids, mask, in_draft, real, pos, aux, last)
+        return Batch(
+            ids,
+            mask,
+            in_draft,
+            real,
+            pos,
+            aux,
+            last,
+            padded.get("target_topk_ids"),
+            padded.get("target_topk_logprobs"),
+        )
 
 
 @torch.no_grad()
 def target_in_draft(
     store: FeatureStore, samples: list[int], lm_head: Tensor, t2d: Tensor, chunk_tokens: int = 2048
 ) -> dict[int, Tensor]:
-    """Per sample: is the target's full-vocabulary argmax (from last_hidden) inside the draft vocab?
+    """Per sample: is the target's full-vocabulary argmax inside the draft vocab?
 
-    Computed once per run, in chunks, with every row of the target lm_head; the training
-    steps then multiply only the K draft rows.
+    From last_hidden: computed once per run, in chunks, with every row of the target lm_head
+    (the training steps then multiply only the K draft rows). A top-N store holds the argmax.
     """
+    if store.target_topk is not None:
+        return {s: t2d[store.sample(s)["target_topk_ids"][:, 0].long()].clone() for s in samples}
     head = lm_head.to(resolve_dtype("auto")) if lm_head.device.type == "cpu" else lm_head
     out: dict[int, Tensor] = {}
     pending: list[tuple[int, Tensor]] = []

@@ -120,14 +120,15 @@ class TrainRecipe:
         drafter.set_vocab_mapping(inputs.d2t, inputs.t2d)
         _init_head(drafter, head_rows, inputs.final_norm, p)
         self.drafter = drafter
-        topk = None
-        if p.target_topk:  # train on the target's top-N only (the SGLang logprobs alternative)
-            topk = (
-                p.target_topk,
-                inputs.head.to(compute),
-                target_to_draft_slots(inputs.d2t, len(inputs.t2d)),
-            )
-        self.model = TTTModel(drafter, head_rows.to(compute), p.ttt_length, p.ttt_decay, topk).to(self.device)
+        stored_topk = inputs.store.target_topk is not None  # the store holds the target's top-N
+        topk_wanted = bool(p.target_topk) or stored_topk
+        draft_slot = target_to_draft_slots(inputs.d2t, len(inputs.t2d)) if topk_wanted else None
+        # top-N from last_hidden needs every lm_head row; a top-N store carries its top-N already
+        full_head = inputs.head.to(compute) if p.target_topk and not stored_topk else None
+        rows = head_rows.to(compute)
+        self.model = TTTModel(
+            drafter, rows, p.ttt_length, p.ttt_decay, draft_slot, p.target_topk or 0, full_head
+        ).to(self.device)
         self.ddp_model = self.model
         if self.dist.world > 1:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(

@@ -58,19 +58,23 @@ def drafter_config(base: DrafterConfig, p: TrainParams) -> DrafterConfig:
     )
 
 
-def estimate_peak_gib(cfg: DrafterConfig, p: TrainParams) -> float:
-    """A conservative estimate of training memory (activations dominate: logits of every step)."""
+def estimate_peak_gib(cfg: DrafterConfig, p: TrainParams, stored_topk: int | None = None) -> float:
+    """A conservative estimate of training memory (activations dominate: logits of every step).
+    `stored_topk`: the store holds the target's top-N instead of last_hidden."""
     h, k, v, i = cfg.hidden_size, cfg.draft_vocab_size, cfg.vocab_size, cfg.intermediate_size
     tokens = p.batch_size * p.seq_len
     per_step = tokens * (k * 12 + h * 80 + i * 16) + p.batch_size * p.seq_len * p.seq_len * p.ttt_length
     weights = (k * h + 4 * h * h + 3 * h * i + 3 * h * h) * 16 + v * h * 4
-    target = tokens * k * 2 + v * h * 2
+    if stored_topk:  # ids int64 + logprobs float32 per position; no target logits
+        target = tokens * stored_topk * 12 + v * h * 2
+    else:  # the K draft logits, and for train.target_topk the full-vocabulary ones (bf16 + float32)
+        target = tokens * k * 2 + v * h * 2 + (tokens * v * 6 if p.target_topk else 0)
     runtime = 0.5 * 2**30  # interpreter, torch and allocator slack (bench/train.py measures peak RSS)
     return (per_step * p.ttt_length + weights + target + runtime) / 2**30
 
 
-def check_memory(cfg: DrafterConfig, p: TrainParams) -> float:
-    gib = estimate_peak_gib(cfg, p)
+def check_memory(cfg: DrafterConfig, p: TrainParams, stored_topk: int | None = None) -> float:
+    gib = estimate_peak_gib(cfg, p, stored_topk)
     if gib > p.max_memory_gib:
         raise ValueError(
             f"train: estimated peak memory {gib:.1f} GiB for a draft vocabulary of {cfg.draft_vocab_size:,} "
@@ -116,7 +120,13 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
         vocab_size=params.vocab.size,
         target_tokenizer_sha256=tokenizer_sha256(folder) if folder.is_dir() else None,
     )
-    check_memory(cfg, params.train)
+    if store.target_topk and (params.train.target_topk or 0) > store.target_topk:
+        raise ValueError(
+            f"train.target_topk is {params.train.target_topk}, but the feature store holds the "
+            f"target's top {store.target_topk} only (extract.sglang_top_logprobs): set "
+            f"train.target_topk <= {store.target_topk}, or null to use all of them"
+        )
+    check_memory(cfg, params.train, store.target_topk)
     store.verify()  # every shard and the token file against the manifest's sha256
     master, autocast = precision(params.train, cfg)
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)

@@ -5,7 +5,8 @@ state of step k-1 (step 0: fc(aux_hidden[t])), sits at position pos[t] + k, and 
 match the target's next-token distribution at position t+1+k (softmax of the frozen target
 lm_head applied to last_hidden, restricted to the K draft rows). With `target_topk` = N it
 matches only the target's top-N over the full vocabulary (renormalised over those inside the
-draft vocab): what an SGLang aux request's top-N logprobs would carry instead of last_hidden.
+draft vocab). A top-N store (SGLang's top logprobs, stored in place of last_hidden) carries
+exactly that top-N, which is then the target as it is.
 
 Attention of step k (what the drafter sees when drafting the (k+1)-th token at inference):
 the step-0 keys up to t (the prefix, built from target features) plus its own keys of steps
@@ -61,18 +62,25 @@ class StepStats:
         return torch.stack([self.loss_sum, self.correct, self.count])
 
 
+def draft_distribution(top: Tensor, ids: Tensor, draft_slot: Tensor, draft_size: int) -> Tensor:
+    """[..., K] probabilities from the target's top-n (logits or logprobs `top` [..., n] of target
+    ids `ids`): those inside the draft vocab kept and renormalised (draft_slot [V]: draft id of
+    a target id, -1 if none)."""
+    slots = draft_slot[ids]
+    p = top.float().softmax(-1) * (slots >= 0)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    out = p.new_zeros(*p.shape[:-1], draft_size)
+    return out.scatter_add_(-1, slots.clamp_min(0), p)  # p is 0 wherever the slot was -1
+
+
 def topk_target(
     last_hidden: Tensor, full_head: Tensor, draft_slot: Tensor, n: int, draft_size: int | None = None
 ) -> Tensor:
-    """[B, T, K] probabilities: the target's top-n tokens over its whole vocabulary, those inside
-    the draft vocab kept and renormalised (draft_slot [V]: draft id of a target id, -1 if none;
-    draft_size K, else read from draft_slot, which costs a pass over it and a device sync)."""
+    """[B, T, K]: the target's top-n tokens over its whole vocabulary (from last_hidden),
+    renormalised over the draft vocab (draft_size K, else read from draft_slot, which costs a
+    pass over it and a device sync)."""
     top, ids = (last_hidden.to(full_head.dtype) @ full_head.T).float().topk(n, dim=-1)
-    slots = draft_slot[ids]
-    p = top.softmax(-1) * (slots >= 0)
-    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
-    out = p.new_zeros(*p.shape[:-1], draft_size or int(draft_slot.max()) + 1)
-    return out.scatter_add_(-1, slots.clamp_min(0), p)  # p is 0 wherever the slot was -1
+    return draft_distribution(top, ids, draft_slot, draft_size or int(draft_slot.max()) + 1)
 
 
 class TTTModel(nn.Module):
@@ -87,16 +95,28 @@ class TTTModel(nn.Module):
         target_head_rows: Tensor,
         ttt_length: int,
         decay: float,
-        topk: tuple[int, Tensor, Tensor] | None = None,  # (n, full lm_head [V, H], draft_slot [V])
+        draft_slot: Tensor | None = None,  # [V]: draft id of a target id, -1 if none (top-N targets)
+        topk_n: int = 0,  # train on the target's top-n only (0: all the batch carries)
+        full_head: Tensor | None = None,  # the target lm_head [V, H]: top-n from last_hidden
     ):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("head_rows", target_head_rows, persistent=False)  # [K, H]
-        self.ttt_length, self.decay = ttt_length, decay
-        self.topk_n = topk[0] if topk else 0
-        if topk:
-            self.register_buffer("full_head", topk[1], persistent=False)
-            self.register_buffer("draft_slot", topk[2], persistent=False)
+        self.ttt_length, self.decay, self.topk_n = ttt_length, decay, topk_n
+        if draft_slot is not None:
+            self.register_buffer("draft_slot", draft_slot, persistent=False)
+        if full_head is not None:
+            self.register_buffer("full_head", full_head, persistent=False)
+
+    def _targets(self, batch: Batch, b: Tensor, t: Tensor, soft: Tensor | None, logits: Tensor | None):
+        """(wanted [n, K] distribution, the target's top-1 draft slot [n]) at positions (b, t)."""
+        if batch.topk_ids is not None:  # a top-N store: the target's prediction as stored
+            n = self.topk_n or batch.topk_ids.shape[-1]
+            ids, top = batch.topk_ids[b, t, :n], batch.topk_logprobs[b, t, :n]
+            wanted = draft_distribution(top, ids, self.draft_slot, len(self.head_rows))
+            return wanted, self.draft_slot[ids[:, 0]]
+        target = logits[b, t].float()
+        return (target.softmax(-1) if soft is None else soft[b, t]), target.argmax(-1)
 
     def forward(self, batch: Batch, norm: Tensor | None = None, chains: bool = False):
         """Returns (weighted loss, StepStats[, correct chains [N0, L] for acceptance]).
@@ -107,15 +127,14 @@ class TTTModel(nn.Module):
         valid = [step_valid(batch, k) for k in range(L)]
         counts = torch.stack([v.sum() for v in valid]).double()
         norm = counts if norm is None else norm
-        with torch.no_grad():
-            target_logits = batch.last_hidden.to(self.head_rows.dtype) @ self.head_rows.T  # [B, T, K]
-            soft = (
-                topk_target(
-                    batch.last_hidden, self.full_head, self.draft_slot, self.topk_n, len(self.head_rows)
-                )
-                if self.topk_n
-                else None
-            )
+        target_logits = soft = None
+        if batch.last_hidden is not None:
+            with torch.no_grad():
+                target_logits = batch.last_hidden.to(self.head_rows.dtype) @ self.head_rows.T  # [B, T, K]
+                if self.topk_n:
+                    soft = topk_target(
+                        batch.last_hidden, self.full_head, self.draft_slot, self.topk_n, len(self.head_rows)
+                    )
         hidden = m.project(batch.aux_hidden)
         cache = TTTCache()
         loss = hidden.new_zeros((), dtype=torch.float32)
@@ -128,11 +147,11 @@ class TTTModel(nn.Module):
             b, t = valid[k].nonzero(as_tuple=True)
             if len(b):
                 logits = m.logits(hidden[b, t]).float()
-                target = target_logits[b, t + 1 + k].float()
-                wanted = target.softmax(-1) if soft is None else soft[b, t + 1 + k]
+                with torch.no_grad():
+                    wanted, target_top1 = self._targets(batch, b, t + 1 + k, soft, target_logits)
                 step_loss = F.cross_entropy(logits, wanted, reduction="sum")
                 loss = loss + (self.decay**k) * step_loss / norm[k].clamp(min=1).to(loss.dtype)
-                hit = logits.argmax(-1) == target.argmax(-1)
+                hit = logits.argmax(-1) == target_top1
                 loss_sum[k] = step_loss.detach().double()
                 correct[k] = hit.sum().double()
             if chains:
