@@ -22,20 +22,23 @@ from safetensors.torch import load_file
 
 from eagle3.data.extract import extract_features, run_extraction
 from eagle3.data.sglang_extract import check_inputs, eos_ids, sglang_group_fn
-from eagle3.data.store import FEATURE_KEYS, MANIFEST, FeatureStore
+from eagle3.data.store import FEATURE_KEYS, MANIFEST, TOPK_KEYS, FeatureStore
 from eagle3.params import ParamsError, parse_params
 from eagle3.target.load import resolve_target
 from eagle3.target.patch_check import PatchCheckError, fingerprint
 from eagle3.target.sglang_check import (
     CHECK_CONVERSATIONS,
+    MAX_TOP1_LOGPROB_ERROR,
     MIN_MEAN_COSINE,
     MIN_ROW_COSINE,
+    MIN_TOP1_AGREEMENT,
     agreement,
     check_pools,
+    logprob_agreement,
     run_sglang_patch_check,
     sglang_fingerprint,
 )
-from eagle3.target.sglang_client import ServerPool
+from eagle3.target.sglang_client import ServerPool, SGLangError
 from eagle3.target.sglang_engine import check_server_args, layer_id_rule
 from eagle3.target.sglang_rows import PartialPrefillError, parse_rows, prefill_body, request_rows
 
@@ -56,20 +59,12 @@ def reference(n: int) -> dict[str, torch.Tensor]:
 
 
 def server_info(mode: str) -> dict:
-    """/get_server_info as the recorded server's log shows it (constructed: see fixtures README)."""
-    aux = mode == "aux"
-    return {
-        "version": "0.5.23",
-        "model_path": "model",
-        "dtype": "bfloat16",
-        "quantization": None,
-        "kv_cache_dtype": "auto",
-        "tp_size": 1,
-        "enable_return_hidden_states": True,
-        "enable_return_aux_hidden_states": aux,
-        "return_aux_hidden_state_layer_ids": AUX if aux else None,
-        "disable_radix_cache": False,
-    }
+    """/get_server_info of the recorded aux-mode server (lp_server_info.json); the plain mode's
+    is that with the aux flags off (constructed: that server was not recorded)."""
+    info = fixture("lp_server_info.json")
+    if mode == "final":
+        info |= {"enable_return_aux_hidden_states": False, "return_aux_hidden_state_layer_ids": None}
+    return info
 
 
 class Replay(ThreadingHTTPServer):
@@ -79,11 +74,16 @@ class Replay(ThreadingHTTPServer):
     def __init__(self, mode: str, cache_hit_first: bool = False, always_hit: bool = False):
         super().__init__(("127.0.0.1", 0), ReplayHandler)
         self.mode, self.info, self.flushes, self.requests = mode, server_info(mode), 0, []
-        self.recorded = {}
-        for n in range(1, 5):
-            req = fixture(f"req_{n:02d}.json")
-            key = (tuple(req["input_ids"]), req["sampling_params"]["max_new_tokens"])
-            self.recorded[key] = fixture(f"resp_{n:02d}.json")
+        self.recorded = {}  # (ids, max_new_tokens, top_logprobs_num) -> recorded response
+        for prefix in ("", "lp_"):
+            for n in range(1, 5):
+                req = fixture(f"{prefix}req_{n:02d}.json")
+                key = (
+                    tuple(req["input_ids"]),
+                    req["sampling_params"]["max_new_tokens"],
+                    req.get("top_logprobs_num"),
+                )
+                self.recorded[key] = fixture(f"{prefix}resp_{n:02d}.json")
         self.hit = {tuple(fixture("req_05.json")["input_ids"])} if cache_hit_first or always_hit else set()
         self.always_hit = always_hit
         self.references = [reference(n) for n in range(1, 5)]
@@ -103,9 +103,10 @@ class Replay(ThreadingHTTPServer):
                     meta = {"prompt_tokens": len(ids), "cached_tokens": 0, "hidden_states": [rows.tolist()]}
                     return {"text": "", "output_ids": [0], "meta_info": meta}
             return None
-        if ids in self.hit:
-            return fixture("resp_05.json")
-        return self.recorded.get((ids, body["sampling_params"]["max_new_tokens"]))
+        top = body.get("top_logprobs_num")
+        if ids in self.hit:  # recorded: logprobs from position 0 on keep SGLang off its prefix cache
+            return fixture("lp_resp_05.json" if top else "resp_05.json")
+        return self.recorded.get((ids, body["sampling_params"]["max_new_tokens"], top))
 
     def close(self) -> None:
         self.shutdown()
@@ -214,6 +215,66 @@ def test_a_cache_that_keeps_hitting_is_an_error():
             )
     finally:
         aux.close()
+
+
+# --- top-N logprobs (sglang_target: top_logprobs) ----------------------------------------------
+
+
+def hf_log_probs(smollm2, ids: list[int]) -> torch.Tensor:
+    """HF float32 next-token log-probabilities [T, V]; row t predicts token t + 1."""
+    with torch.no_grad():
+        return smollm2.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_top_logprobs_are_the_prediction_of_the_next_token_and_agree_with_hf(n, smollm2):
+    ids = fixture(f"lp_req_{n:02d}.json")["input_ids"]
+    rows = parse_rows(fixture(f"lp_resp_{n:02d}.json"), len(ids), 3 * H, "aux", top_logprobs=20)
+    assert rows.top_ids.shape == rows.top_logprobs.shape == (len(ids), 20)
+    assert rows.top_ids.dtype == torch.int32 and rows.top_logprobs.dtype == torch.float32
+    assert bool((rows.top_logprobs.diff(dim=-1) <= 0).all())  # best first
+    # the hidden states are the same bytes as without logprobs
+    assert torch.equal(
+        rows.prefill, parse_rows(fixture(f"resp_{n:02d}.json"), len(ids), 3 * H, "aux").prefill
+    )
+    want = hf_log_probs(smollm2, ids)
+    scores = logprob_agreement(rows.top_ids, rows.top_logprobs, want)
+    assert scores["top1_agreement"] >= MIN_TOP1_AGREEMENT  # recorded: 0.968-0.984
+    assert scores["max_top1_logprob_error"] <= MAX_TOP1_LOGPROB_ERROR  # recorded: 0.158
+    # read one position off (SGLang's entry i predicts token i, not i + 1) and nothing agrees
+    shifted = logprob_agreement(rows.top_ids[1:], rows.top_logprobs[1:], want[:-1])
+    assert shifted["top1_agreement"] < 0.2 and shifted["max_top1_logprob_error"] > 1.0
+
+
+def test_generation_top_logprobs_cover_the_prompt_and_the_fed_answer(smollm2):
+    response = fixture("lp_resp_04.json")
+    rows = parse_rows(response, 37, 3 * H, "aux", top_logprobs=20)
+    answer = response["output_ids"]
+    assert rows.top_ids.shape == (37 + 16 - 1, 20) and len(rows.decode) == 15
+    # greedy: from the last prompt position on, the top-1 is the next answer token
+    assert rows.top_ids[36:, 0].tolist() == answer
+    fed = reference(4)["input_ids"].tolist()  # prompt + answer[:15]
+    scores = logprob_agreement(rows.top_ids, rows.top_logprobs, hf_log_probs(smollm2, fed))
+    assert scores["top1_agreement"] >= MIN_TOP1_AGREEMENT
+
+
+def test_logprob_requests_are_never_cache_hits_and_short_lists_are_refused():
+    # recorded: lp_req_05 = lp_req_01 sent after lp_req_04 without a flush comes back whole
+    # (resp_05, the same request without logprobs, had 43 cached tokens and 18 rows)
+    hit = fixture("lp_resp_05.json")
+    assert hit["meta_info"]["cached_tokens"] == 0
+    rows = parse_rows(hit, 61, 3 * H, "aux", top_logprobs=20)
+    assert torch.equal(
+        rows.top_ids, parse_rows(fixture("lp_resp_01.json"), 61, 3 * H, "aux", top_logprobs=20).top_ids
+    )
+    short = json.loads(json.dumps(fixture("lp_resp_01.json")))
+    short["meta_info"]["input_top_logprobs"] = short["meta_info"]["input_top_logprobs"][43:]
+    with pytest.raises(PartialPrefillError, match="top logprobs for 18 of 61 prompt positions"):
+        parse_rows(short, 61, 3 * H, "aux", top_logprobs=20)
+    with pytest.raises(SGLangError, match="holds 20 top logprobs, expected 32"):
+        parse_rows(fixture("lp_resp_01.json"), 61, 3 * H, "aux", top_logprobs=32)
+    with pytest.raises(SGLangError, match="send return_logprob: true, logprob_start_len: 0"):
+        parse_rows(fixture("resp_01.json"), 61, 3 * H, "aux", top_logprobs=20)
 
 
 # --- server checks and the layer-id rule -----------------------------------------------------
@@ -343,27 +404,29 @@ def conversations_file(folder: Path) -> Path:
     return path
 
 
-def tiny(data_file: Path, aux_url: str, final_url: str, **data) -> dict:
+def tiny(data_file: Path, aux_url: str, final_url: str | None, **data) -> dict:
+    """Params for the three recorded conversations: final_state mode with a final-state server,
+    else the default top_logprobs mode."""
+    target = {"sglang_target": "final_state", "sglang_final_url": final_url} if final_url else {}
     return {
         "target": {"dtype": "float32"},
         "data": {"source": str(data_file), "num_samples": 3, "max_length": 128, "seed": 0} | data,
         "extract": {
             "backend": "sglang",
-            "sglang_target": "final_state",
             "sglang_url": aux_url,
-            "sglang_final_url": final_url,
             "shard_samples": 2,
             "sglang_requests_in_flight": 4,
-        },
+        }
+        | target,
         "tracking": {"enabled": False},
     }
 
 
-def run_sglang(params, smollm2, out: Path, aux_url: str, final_url: str) -> dict:
+def run_sglang(params, smollm2, out: Path, aux_url: str, final_url: str | None = None) -> dict:
     path = resolve_target(params.target.source)
     compute = sglang_group_fn(
         ServerPool([aux_url]),
-        ServerPool([final_url]),
+        ServerPool([final_url]) if final_url else None,
         H,
         params,
         smollm2.tokenizer,
@@ -428,13 +491,52 @@ def test_self_distillation_through_sglang_takes_the_generations_own_rows(servers
     )
 
 
-def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path):
-    """The real stages as DVC runs them (python -m stages.<name>), pointed at the replay servers."""
+def test_top_n_shards_hold_the_targets_top_logprobs_in_place_of_last_hidden(servers, smollm2, tmp_path):
     aux, final = servers
+    params = parse_params(tiny(conversations_file(tmp_path), aux.url, None))
+    manifest = run_sglang(params, smollm2, tmp_path / "sglang", aux.url)
+    assert manifest["target_topk"] == 20 and manifest["bytes_per_token"] == 3 * H * 2 + 20 * 8 + 5
+    assert len(aux.requests) == 3 and not final.requests  # one request per sample, one kind of server
+    assert aux.flushes == 0  # logprobs from position 0 keep the server off its prefix cache
+    hf_params = params.model_copy(update={"extract": params.extract.model_copy(update={"backend": "hf"})})
+    extract_features(smollm2, hf_params, AUX, fingerprint(smollm2, AUX), tmp_path / "hf")
+    ours, theirs = FeatureStore(tmp_path / "sglang"), FeatureStore(tmp_path / "hf")
+    ours.verify()
+    assert ours.target_topk == 20 and theirs.target_topk is None
+    agree = []
+    for i in range(3):
+        a, b = ours.sample(i), theirs.sample(i)
+        assert set(a) == set(TOPK_KEYS) and a["target_topk_ids"].shape == (len(a["input_ids"]), 20)
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+        cos = torch.nn.functional.cosine_similarity(
+            a["aux_hidden"].float().view(-1, H), b["aux_hidden"].float().view(-1, H), dim=-1
+        )
+        assert cos.min() >= MIN_ROW_COSINE  # SGLang bf16 vs HF float32 -> bf16
+        best = hf_log_probs(smollm2, a["input_ids"].tolist()).argmax(-1)
+        agree.append((a["target_topk_ids"][:, 0].long() == best).float().mean().item())
+    assert min(agree) >= MIN_TOP1_AGREEMENT
+    assert torch.equal(ours.tokens()["input_ids"], theirs.tokens()["input_ids"])
+
+
+def test_self_distillation_through_sglang_stores_the_generations_top_logprobs(servers, smollm2, tmp_path):
+    aux, _ = servers
+    data = conversations_file(tmp_path)
+    data.write_text(data.read_text().splitlines()[0] + "\n")  # the recorded generation's prompt
+    raw = tiny(data, aux.url, None, num_samples=1, regenerate=True, regenerate_max_new_tokens=16)
+    run_sglang(parse_params(raw), smollm2, tmp_path / "sglang", aux.url)
+    sample = FeatureStore(tmp_path / "sglang").sample(0)
+    generated = fixture("lp_resp_04.json")["output_ids"]
+    assert aux.requests[0]["top_logprobs_num"] == 20 and aux.requests[0]["logprob_start_len"] == 0
+    assert sample["input_ids"].tolist() == fixture("req_04.json")["input_ids"] + generated[:7]
+    # row t predicts token t + 1: over the answer, greedy decoding's own choices
+    assert sample["target_topk_ids"][36:, 0].tolist() == generated[:8]
+
+
+def stage_runner(tmp_path: Path, raw: dict):
+    """A project folder with `raw` as params.yaml; runs its stages as DVC does (python -m stages.X)."""
     project = tmp_path / "project"
     for name in ("eagle3", "stages"):
         shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-    raw = tiny(conversations_file(tmp_path), aux.url, final.url)
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
 
@@ -443,6 +545,52 @@ def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path
             [sys.executable, "-m", f"stages.{name}"], cwd=project, env=env, capture_output=True, text=True
         )
 
+    return project, stage
+
+
+def test_the_pipeline_trains_on_top_logprobs_from_replay_servers(servers, tmp_path):
+    """patch-check, extract, vocab-map and train as DVC runs them, with the target's prediction
+    taken from the aux requests' top-20 logprobs: one kind of server, no last_hidden stored."""
+    aux, final = servers
+    raw = tiny(conversations_file(tmp_path), aux.url, None)
+    raw |= {
+        "vocab": {"size": 512},
+        "train": {"epochs": 2, "seq_len": 64, "batch_size": 1, "heldout_fraction": 0.34, "dtype": "float32"},
+    }
+    project, stage = stage_runner(tmp_path, raw)
+    done = stage("patch_check")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((project / "artifacts/patch-check/report.json").read_text())
+    assert (
+        report["fingerprint"]["target_top_logprobs"] == 20
+        and report["fingerprint"]["final_server_args"] is None
+    )
+    scores = [c["agreement"]["top_logprobs"] for c in report["checks"]]
+    assert len(scores) == 4 and min(s["top1_agreement"] for s in scores) >= MIN_TOP1_AGREEMENT
+    for name in ("extract", "vocab_map", "train"):
+        done = stage(name)
+        assert done.returncode == 0, f"{name}: {done.stderr}"
+    assert not final.requests
+    assert FeatureStore(project / "artifacts/extract").target_topk == 20
+    metrics = json.loads((project / "metrics/train.json").read_text())
+    assert metrics["train_tokens"] > 0 and 0 <= metrics["heldout_acc_0"] <= 1
+    assert (project / "artifacts/train/drafter/model.safetensors").is_file()
+    # asking for more of the target's distribution than the store holds is refused before training
+    raw["train"]["target_topk"] = 32
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    done = stage("train")
+    assert done.returncode == 1 and "holds the target's top 20 only" in done.stderr
+    # extract with another top-N than patch-check checked is refused
+    raw["extract"]["sglang_top_logprobs"] = 8
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    done = stage("extract")
+    assert done.returncode == 1 and "patch-check checked top 20 logprobs" in done.stderr
+
+
+def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path):
+    """The real stages as DVC runs them (python -m stages.<name>), pointed at the replay servers."""
+    aux, final = servers
+    project, stage = stage_runner(tmp_path, tiny(conversations_file(tmp_path), aux.url, final.url))
     done = stage("patch_check")
     assert done.returncode == 0, done.stderr
     report = json.loads((project / "artifacts/patch-check/report.json").read_text())

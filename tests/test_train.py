@@ -27,7 +27,7 @@ from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs
 from eagle3.train.data import BatchSource, split_samples
 from eagle3.train.loop import train_drafter, warmup_cosine
-from eagle3.train.prepare import TrainInputs, check_memory, drafter_config
+from eagle3.train.prepare import TrainInputs, check_memory, check_target_topk, drafter_config
 from eagle3.train.ttt import acceptance_length, topk_target
 
 H, V, K = 32, 256, 64
@@ -214,6 +214,50 @@ def test_training_on_the_targets_top_n_learns_and_differs_from_the_full_distribu
 
 
 # --- data ------------------------------------------------------------------------------------------
+
+
+def top_n_store(source: FeatureStore, head: torch.Tensor, n: int, folder: Path) -> FeatureStore:
+    """`source` with the target's top-n (from last_hidden and `head`) in place of last_hidden,
+    as an SGLang top-logprobs extraction stores it."""
+    samples = []
+    for i in range(len(source)):
+        f = source.sample(i)
+        top = (f["last_hidden"].float() @ head.T).log_softmax(-1).topk(n, dim=-1)
+        samples.append(
+            Sample(f["input_ids"], f["loss_mask"], f["aux_hidden"], None, top.indices.int(), top.values)
+        )
+    folder.mkdir(parents=True)
+    shards = [write_shard(folder, j, samples[j * 8 : (j + 1) * 8]) for j in range((len(samples) + 7) // 8)]
+    manifest = {k: v for k, v in source.manifest.items() if k != "shards"}
+    write_json(folder / MANIFEST, manifest | {"shards": shards, "target_topk": n})
+    return FeatureStore(folder)
+
+
+def test_a_top_n_store_trains_like_the_top_n_taken_from_last_hidden(tmp_path):
+    """What SGLang's top logprobs give is what train.target_topk simulates from last_hidden."""
+    inputs = tiny_inputs(tmp_path / "f")
+    stored = replace(inputs, store=top_n_store(inputs.store, inputs.head, 5, tmp_path / "top5"))
+    assert set(stored.store.sample(0)) == {
+        "input_ids",
+        "loss_mask",
+        "aux_hidden",
+        "target_topk_ids",
+        "target_topk_logprobs",
+    }
+    simulated = train_drafter(tiny_params(epochs=2, target_topk=5), inputs)
+    from_store = train_drafter(tiny_params(epochs=2), stored)
+    assert [r["loss"] for r in from_store.curve] == pytest.approx(
+        [r["loss"] for r in simulated.curve], rel=1e-4
+    )
+    torch.testing.assert_close(
+        from_store.drafter.fc.weight, simulated.drafter.fc.weight, rtol=1e-3, atol=1e-5
+    )
+    # fewer of the stored top-N is a different target; more than the store holds is refused
+    top2 = train_drafter(tiny_params(epochs=2, target_topk=2), stored)
+    assert top2.curve[-1]["loss"] != pytest.approx(from_store.curve[-1]["loss"], rel=1e-4)
+    check_target_topk(tiny_params(target_topk=5), 5)
+    with pytest.raises(ValueError, match="holds the target's top 5 only"):
+        check_target_topk(tiny_params(target_topk=6), 5)
 
 
 def test_split_and_batches_are_deterministic(tmp_path):

@@ -85,6 +85,16 @@ def check_memory(cfg: DrafterConfig, p: TrainParams, stored_topk: int | None = N
     return gib
 
 
+def check_target_topk(p: TrainParams, stored_topk: int | None) -> None:
+    """A top-N store cannot give more of the target's distribution than the N it holds."""
+    if stored_topk and (p.target_topk or 0) > stored_topk:
+        raise ValueError(
+            f"train.target_topk is {p.target_topk}, but the feature store holds the target's top "
+            f"{stored_topk} only (extract.sglang_top_logprobs): set train.target_topk <= "
+            f"{stored_topk}, or null to use all of them"
+        )
+
+
 def run_key(p: TrainParams, cfg: DrafterConfig, features_sha256: str, mapping_sha256: str) -> str:
     """The identity of a training run: the params that shape the weights, the config, the inputs."""
     train = {k: v for k, v in p.model_dump().items() if k not in NOT_IN_KEY}
@@ -120,12 +130,7 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
         vocab_size=params.vocab.size,
         target_tokenizer_sha256=tokenizer_sha256(folder) if folder.is_dir() else None,
     )
-    if store.target_topk and (params.train.target_topk or 0) > store.target_topk:
-        raise ValueError(
-            f"train.target_topk is {params.train.target_topk}, but the feature store holds the "
-            f"target's top {store.target_topk} only (extract.sglang_top_logprobs): set "
-            f"train.target_topk <= {store.target_topk}, or null to use all of them"
-        )
+    check_target_topk(params.train, store.target_topk)
     check_memory(cfg, params.train, store.target_topk)
     store.verify()  # every shard and the token file against the manifest's sha256
     master, autocast = precision(params.train, cfg)
