@@ -602,6 +602,12 @@ def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path
         "llama-like",
     )
     assert fp["server_args"]["return_aux_hidden_state_layer_ids"] == AUX
+    # final_state requests can hit the radix cache, which SGLang flushes only when idle: with
+    # requests in flight the servers must run without it (refused before any request)
+    sent = len(aux.requests)  # patch-check's
+    done = stage("extract")
+    assert done.returncode == 1 and "--disable-radix-cache" in done.stderr and len(aux.requests) == sent
+    aux.info["disable_radix_cache"] = final.info["disable_radix_cache"] = True
     done = stage("extract")
     assert done.returncode == 0, done.stderr
     store = FeatureStore(project / "artifacts/extract")

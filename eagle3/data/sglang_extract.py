@@ -163,6 +163,26 @@ def sglang_group_fn(
     return compute
 
 
+def refuse_concurrent_cache_hits(aux: ServerPool, final: ServerPool, in_flight: int) -> None:
+    """final_state requests ask for no logprobs, so a prompt prefix the server saw before (a
+    chat template's system prompt) hits its radix cache and comes back short. The client then
+    flushes and asks again, but SGLang 0.5.23 flushes only an idle server (HTTP 400 while other
+    requests run; recorded by tests/test_sglang_live.py): refuse that before any request."""
+    cached = [
+        url
+        for pool in (aux, final)
+        for url in pool.urls
+        if not pool.server_info(url).get("disable_radix_cache")
+    ]
+    if cached:
+        raise ValueError(
+            f"sglang_target final_state with sglang_requests_in_flight {in_flight}: {', '.join(cached)} "
+            "run with the radix cache on, and SGLang cannot flush a cache hit while other requests "
+            "run: launch them with --disable-radix-cache, or set sglang_requests_in_flight: 1 "
+            "(or use sglang_target: top_logprobs, whose requests never hit the cache)"
+        )
+
+
 def extract_with_sglang(
     params: Params,
     fingerprint: dict,
@@ -202,6 +222,8 @@ def extract_with_sglang(
             raise ValueError(
                 f"the SGLang servers changed since patch-check ({detail}): run patch-check again"
             )
+    if final is not None and params.extract.sglang_requests_in_flight > 1:
+        refuse_concurrent_cache_hits(aux, final, params.extract.sglang_requests_in_flight)
     path = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(path)
     chat = has_chat_template(params.target.source)

@@ -180,7 +180,13 @@ def request_rows(pool: ServerPool, body: dict, width: int, what: str) -> Rows:
             return parse_rows(pool.generate(url, body), len(body["input_ids"]), width, what, url, top)
         except PartialPrefillError as err:
             last = err
-            pool.flush_cache(url)
+            try:
+                pool.flush_cache(url)
+            except SGLangError as refused:  # SGLang 0.5.23 flushes only an idle server (HTTP 400)
+                raise PartialPrefillError(
+                    f"{err}, and the server refused to flush its cache ({refused}): it flushes only "
+                    "when idle; launch the extraction servers with --disable-radix-cache"
+                ) from None
     raise PartialPrefillError(
         f"{last}; still after {CACHE_HIT_RETRIES} cache flushes: launch the extraction servers "
         "with --disable-radix-cache"
