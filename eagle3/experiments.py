@@ -19,6 +19,7 @@ from eagle3.params import flatten
 DTYPE_KEYS = {"extract": "dtype", "train": "dtype", "speculative-eval": "dtype"}
 DTYPE_LABELS = {"extract": "extract", "train": "train", "speculative-eval": "eval"}
 TEXT_METRICS = ("dtype", "drafter_dtype", "machine")
+SPEED_DTYPES = ("eval", "drafter")  # the dtypes that set speculative-eval's speeds
 UNFINISHED = ("queued", "running", "failed")  # DVC executor states whose metrics are not their own
 
 
@@ -48,8 +49,10 @@ class Experiment:
 
     @property
     def measured_on(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-        """Speeds compare only between rows with equal machine and dtypes."""
-        return self.machine, tuple(sorted(self.dtypes.items()))
+        """Speeds compare only between rows with equal machine and decoding dtypes. The speeds
+        compared are speculative-eval's, so extract and train dtypes are left out (a queued
+        experiment that skipped extraction has no extract dtype in its MLflow run)."""
+        return self.machine, tuple(sorted((k, v) for k, v in self.dtypes.items() if k in SPEED_DTYPES))
 
 
 def _stage_rows(stage_metrics: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], str | None, dict]:

@@ -62,6 +62,20 @@ def test_table_fits_80_columns_and_marks_rows_from_another_machine():
     assert "different machines" not in render(SWEEP)
 
 
+def test_rows_differing_only_in_extract_or_train_dtype_share_a_letter():
+    # a queued DVC experiment skips extraction, so its MLflow run carries no extract dtype; its
+    # speeds, taken by speculative-eval on the same machine and decoding dtypes, still compare
+    baseline = SWEEP[1]
+    queued = Experiment(
+        "queued", baseline.params, baseline.metrics, ZEN3, {"eval": "float32", "drafter": "bfloat16"}
+    )
+    assert queued.measured_on == baseline.measured_on
+    text = render([baseline, queued])
+    assert "B:" not in text and "different dtypes" not in text
+    other_eval = Experiment("bf16-eval", baseline.params, baseline.metrics, ZEN3, FP32 | {"eval": "bfloat16"})
+    assert "B:" in render([baseline, other_eval])
+
+
 def test_verdict_picks_the_fastest_size_and_says_where_coverage_stops_paying(tmp_path):
     found = verdict(SWEEP)
     assert found.best.name == "mid-vocab"

@@ -6,8 +6,8 @@ checks and the patch-check and extract stages, as DVC runs them, against it.
 
 It needs a Python with sglang 0.5.23, which the project never installs: point
 EAGLE3_SGLANG_PYTHON at it, else every test here is skipped. Two servers (aux, then plain for
-the final_state tests), ~3.7 GB of RAM each; 7.5 min measured on a 2-core machine that was busy
-with another pipeline, of which the final_state tests take ~3 min.
+the final_state tests), ~3.7 GB of RAM each; 2 min on a quiet 2-core machine (7.5 min while
+another pipeline shared it).
 """
 
 from __future__ import annotations
