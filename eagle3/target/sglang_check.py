@@ -41,10 +41,11 @@ GENERATE_TOKENS = 16
 MIN_ROW_COSINE = 0.995
 MIN_MEAN_COSINE = 0.9995
 
-# SGLang bf16 top logprobs against HF float32 (tests/fixtures/sglang/logprobs): TOP1_AGREEMENT
-# of the positions must have the same best token, and the logprob SGLang gives its best token
-# must lie within MAX_TOP1_LOGPROB_ERROR of the reference's logprob for that token. A shifted
-# position or another model agrees on few positions and misses by whole nats.
+# SGLang bf16 top logprobs against HF float32 (tests/fixtures/sglang/LOGPROBS.md): at least
+# MIN_TOP1_AGREEMENT of the positions must have the same best token (recorded: 0.968-0.984, the
+# misses near-ties), and the logprob SGLang gives its best token must lie within
+# MAX_TOP1_LOGPROB_ERROR of the reference's for that token (recorded: 0.158). A shifted position
+# or another model agrees on few positions and misses by whole nats.
 MIN_TOP1_AGREEMENT = 0.9
 MAX_TOP1_LOGPROB_ERROR = 0.5
 
