@@ -34,6 +34,7 @@ from eagle3.target.sglang_check import (
     MIN_TOP1_AGREEMENT,
     agreement,
     check_pools,
+    hf_reference,
     logprob_agreement,
     run_sglang_patch_check,
     sglang_fingerprint,
@@ -221,9 +222,8 @@ def test_a_cache_that_keeps_hitting_is_an_error():
 
 
 def hf_log_probs(smollm2, ids: list[int]) -> torch.Tensor:
-    """HF float32 next-token log-probabilities [T, V]; row t predicts token t + 1."""
-    with torch.no_grad():
-        return smollm2.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    """patch-check's HF float32 reference log-probabilities [T, V]; row t predicts token t + 1."""
+    return hf_reference(smollm2.model, AUX)(ids)["log_probs"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

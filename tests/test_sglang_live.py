@@ -36,7 +36,7 @@ from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.params import parse_params
 from eagle3.target.load import resolve_target
 from eagle3.target.patch_check import fingerprint
-from eagle3.target.sglang_check import MIN_ROW_COSINE
+from eagle3.target.sglang_check import MIN_ROW_COSINE, hf_reference, logprob_agreement
 from eagle3.target.sglang_client import ServerPool
 from eagle3.target.sglang_engine import check_server_args, layer_id_rule
 from eagle3.target.sglang_rows import prefill_body, request_rows
@@ -263,7 +263,9 @@ def hf_store(smollm2, raw: dict, out: Path) -> FeatureStore:
 
 
 def check_top_logprobs(store: FeatureStore, smollm2) -> dict:
-    """Every sample's stored top-N: shape, dtype, order; top-1 against the HF float32 argmax."""
+    """Every sample's stored top-N: shape, dtype, order; top-1 against the HF float32 argmax
+    (patch-check's reference and scores)."""
+    reference = hf_reference(smollm2.model, AUX)
     agree = total = 0
     worst_error = 0.0
     for i in range(len(store)):
@@ -272,12 +274,10 @@ def check_top_logprobs(store: FeatureStore, smollm2) -> dict:
         assert ids.dtype == torch.int32 and ids.shape == (n, TOPK), (i, ids.dtype, ids.shape)
         assert logprobs.dtype == torch.float32 and logprobs.shape == (n, TOPK), (i, logprobs.dtype)
         assert (logprobs <= 0).all() and (logprobs[:, :-1] >= logprobs[:, 1:]).all(), i
-        with torch.no_grad():
-            log_probs = smollm2.model(sample["input_ids"].long()[None]).logits[0].float().log_softmax(-1)
-        agree += int((ids[:, 0].long() == log_probs.argmax(-1)).sum())
+        scores = logprob_agreement(ids, logprobs, reference(sample["input_ids"].tolist())["log_probs"])
+        agree += round(scores["top1_agreement"] * n)
         total += n
-        error = (logprobs[:, 0] - log_probs.gather(-1, ids[:, :1].long())[:, 0]).abs().max().item()
-        worst_error = max(worst_error, round(error, 4))
+        worst_error = max(worst_error, round(scores["max_top1_logprob_error"], 4))
     figures = {
         "top1_agreement": round(agree / total, 4),
         "positions": total,

@@ -196,7 +196,8 @@ def extract_with_sglang(
             f"extract.backend is 'sglang' but the patch-check report checked {fingerprint.get('engine')}: "
             "run patch-check again"
         )
-    config = text_config(load_target_config(params.target))
+    full_config = load_target_config(params.target)
+    config = text_config(full_config)
     aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
     if aux_layers != fingerprint["aux_layers"]:
         raise ValueError(
@@ -212,7 +213,7 @@ def extract_with_sglang(
             "run patch-check again"
         )
     aux, final = server_pools(params)
-    rule = layer_id_rule(load_target_config(params.target).architectures[0])
+    rule = layer_id_rule(full_config.architectures[0])
     aux_args, final_args = check_pools(aux, final, aux_layers, rule)
     for name, live in (("server_args", aux_args), ("final_server_args", final_args or {})):
         recorded = fingerprint.get(name) or {}

@@ -19,7 +19,6 @@ from eagle3.data.store import FeatureStore
 from eagle3.device import resolve_dtype
 
 POOL_BATCHES = 16  # batches per sorting pool: more = less padding, less randomness
-TOPK_FIELDS = ("target_topk_ids", "target_topk_logprobs")
 
 
 @dataclass
@@ -90,14 +89,15 @@ class BatchSource:
         mask = torch.zeros(b, width, dtype=torch.bool)
         in_draft = torch.zeros(b, width, dtype=torch.bool)
         real = torch.zeros(b, width, dtype=torch.bool)
-        # float feature -> its padded [B, T, ...] batch tensor; the target's keys as the store holds them
-        target_keys = ("last_hidden",) if self.store.target_topk is None else TOPK_FIELDS
+        # per-position feature -> its padded [B, T, ...] tensor: aux_hidden and the target's keys,
+        # as the store holds them (last_hidden, or the top-N ids and logprobs)
+        keys = [k for k in self.store.keys if k not in ("input_ids", "loss_mask")]
         padded: dict[str, Tensor] = {}
         for r, s in enumerate(samples):
             feats = self.store.sample(s)
             n = self.lengths[s]
             if not padded:
-                for key in ("aux_hidden", *target_keys):
+                for key in keys:
                     kind = torch.int64 if key == "target_topk_ids" else feats[key].dtype
                     padded[key] = torch.zeros(b, width, feats[key].shape[-1], dtype=kind)
             ids[r, :n] = feats["input_ids"][:n].long()

@@ -125,9 +125,9 @@ class TrainRecipe:
         draft_slot = target_to_draft_slots(inputs.d2t, len(inputs.t2d)) if topk_wanted else None
         # top-N from last_hidden needs every lm_head row; a top-N store carries its top-N already
         full_head = inputs.head.to(compute) if p.target_topk and not stored_topk else None
-        rows = head_rows.to(compute)
+        head_rows = head_rows.to(compute)
         self.model = TTTModel(
-            drafter, rows, p.ttt_length, p.ttt_decay, draft_slot, p.target_topk or 0, full_head
+            drafter, head_rows, p.ttt_length, p.ttt_decay, draft_slot, p.target_topk or 0, full_head
         ).to(self.device)
         self.ddp_model = self.model
         if self.dist.world > 1:
