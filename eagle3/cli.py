@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 
 from eagle3.params import ParamsError, flatten, load_params, parse_params
@@ -21,7 +22,9 @@ def params_check(path: str) -> int:
     try:
         params = load_params(path)
     except ParamsError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(err.one_line())}", highlight=False, soft_wrap=True
+        )
         return 2
     console.print(f"[green]{path} is valid[/]; resolved params:")
     console.print(Syntax(yaml.safe_dump(params.model_dump(), sort_keys=False), "yaml"))

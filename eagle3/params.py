@@ -12,6 +12,9 @@ Checks that need the target's config (aux layer ids inside the model) live in
 
 from __future__ import annotations
 
+import os
+import urllib.parse
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +22,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PACKAGED_TARGETS = ("smollm2-135m-instruct", "gemma3-270m")
+# The tracking-store schemes MLflow 3.x registers (mlflow/tracking/_tracking_service/utils.py,
+# _register_tracking_stores; tests/test_params.py holds this to the installed mlflow): a plain
+# path or file:, the SQLAlchemy databases (with an optional +driver), a tracking server,
+# Databricks. Plugins add theirs through the `mlflow.tracking_store` entry points. Read here
+# rather than by importing mlflow, which would cost seconds per params check.
+MLFLOW_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
 
 class Section(BaseModel):
@@ -34,6 +43,16 @@ class TargetParams(Section):
     threads: int | None = Field(default=None, ge=1)
     # Run Python code shipped with a hub model (transformers' trust_remote_code). Off unless set.
     trust_remote_code: bool = False
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_fit_the_machine(cls, threads: int | None) -> int | None:
+        # More threads than cores only oversubscribes torch's pool (never faster), and a huge
+        # count dies in torch with a bare MemoryError: refuse it here, against this machine.
+        cores = os.cpu_count() or 1
+        if threads is not None and threads > cores:
+            raise ValueError(f"more than the {cores} cores of this machine (allowed: 1..{cores}, or null)")
+        return threads
 
 
 class DataParams(Section):
@@ -242,6 +261,38 @@ class TrackingParams(Section):
     uri: str | None = None
     enabled: bool = True
 
+    @field_validator("uri")
+    @classmethod
+    def _mlflow_accepts_the_scheme(cls, uri: str | None) -> str | None:
+        # An unreachable server is an outage (a warning when a stage logs); a scheme MLflow has
+        # no store for can never work, so it is a params error.
+        if uri is None:
+            return uri
+        allowed, scheme = tracking_schemes(), mlflow_scheme(uri)
+        if scheme not in allowed:
+            raise ValueError(
+                f"MLflow has no tracking store for scheme '{scheme}' (allowed: a path, "
+                f"{', '.join(s + ':' for s in allowed)})"
+            )
+        return uri
+
+
+def tracking_schemes() -> tuple[str, ...]:
+    """The URI schemes MLflow can track to here: its own and those of installed plugins."""
+    plugins = sorted(e.name for e in entry_points(group="mlflow.tracking_store"))
+    return MLFLOW_TRACKING_SCHEMES + tuple(p for p in plugins if p not in MLFLOW_TRACKING_SCHEMES)
+
+
+def mlflow_scheme(uri: str) -> str:
+    """The scheme MLflow picks a tracking store by ("file" for a plain path), as
+    mlflow.utils.uri.get_uri_scheme reads it: a database driver (`+psycopg2`) is dropped."""
+    if uri == "databricks":
+        return uri
+    scheme = urllib.parse.urlparse(uri).scheme.lower()
+    if len(scheme) <= 1:  # none, or a Windows drive letter: a path
+        return "file"
+    return scheme.split("+", 1)[0]
+
 
 class Params(Section):
     target: TargetParams = TargetParams()
@@ -261,8 +312,13 @@ class ParamsError(ValueError):
     """Invalid params; `problems` holds one line per problem."""
 
     def __init__(self, source: str, problems: list[str]):
+        self.source = source
         self.problems = problems
         super().__init__(f"invalid params in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+    def one_line(self) -> str:
+        """Every problem on one line, as stages and `eagle3 params check` print it."""
+        return f"invalid params in {self.source}: " + "; ".join(self.problems)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -28,8 +28,8 @@ DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 def validated_params(path: str = "params.yaml") -> Params:
     try:
         return load_params(path)
-    except ParamsError as err:
-        console.print(f"[bold red]error:[/] {err}")
+    except ParamsError as err:  # one line, every problem on it, like any other stage failure
+        console.print(f"[bold red]error:[/] {escape(err.one_line())}", soft_wrap=True)
         sys.exit(2)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,25 @@ from eagle3.params import (
     load_params,
     parse_params,
     resolve_aux_layers,
+    tracking_schemes,
 )
 
 REPO = Path(__file__).resolve().parents[1]
+CORES = os.cpu_count()
+# Two params that once slipped through: threads torch died on (a bare MemoryError after the
+# stage had started), and a URI scheme MLflow has no store for (every stage ran, none recorded).
+MACHINE_AND_SCHEME = {
+    "threads above the cores": (
+        {"target": {"threads": 100000}},
+        f"target.threads: more than the {CORES} cores of this machine (allowed: 1..{CORES}, or null) "
+        "(got 100000)",
+    ),
+    "a scheme MLflow cannot track to": (
+        {"tracking": {"uri": "ftp://x"}},
+        "tracking.uri: MLflow has no tracking store for scheme 'ftp' (allowed: a path, file:, sqlite:, "
+        "postgresql:, mysql:, mssql:, http:, https:, databricks:) (got 'ftp://x')",
+    ),
+}
 
 
 def test_schema_defaults_are_params_yaml():
@@ -50,6 +67,52 @@ def test_invalid_params_name_key_value_and_allowed(raw, expected):
     with pytest.raises(ParamsError) as err:
         parse_params(raw)
     assert expected in str(err.value)
+
+
+@pytest.mark.parametrize("case", MACHINE_AND_SCHEME)
+def test_machine_and_scheme_errors_stop_a_stage_in_one_line_before_any_work(
+    case, tmp_path, monkeypatch, capsys
+):
+    raw, expected = MACHINE_AND_SCHEME[case]
+    monkeypatch.syspath_prepend(str(REPO))  # stages/ is no installed package, as `python -m stages.x`
+    import stages.patch_check  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as stop:
+        stages.patch_check.main()  # the first stage; threads: 100000 once died in it
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err == f"error: invalid params in params.yaml: {expected}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["params.yaml"]  # nothing written
+    assert cli(["params", "check", str(tmp_path / "params.yaml")]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_threads_up_to_the_cores_and_every_mlflow_scheme_pass():
+    assert parse_params({"target": {"threads": CORES}}).target.threads == CORES
+    for uri in (
+        "mlruns",
+        "/abs/mlruns",
+        "file:///abs/mlruns",
+        "sqlite:///mlflow.db",
+        "postgresql+psycopg2://u@db/mlflow",
+        "mysql://u@db/mlflow",
+        "mssql+pyodbc://u@db/mlflow",
+        "http://127.0.0.1:5000",
+        "https://mlflow.example.com",
+        "databricks",
+        "databricks://profile",
+    ):
+        assert parse_params({"tracking": {"uri": uri}}).tracking.uri == uri
+
+
+def test_tracking_schemes_are_the_installed_mlflows():
+    """The schemes params accept are those MLflow's tracking-store registry holds (less Unity
+    Catalog's, registered only to refuse tracking), so an MLflow upgrade cannot silently differ."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry  # noqa: PLC0415
+
+    registered = set(_tracking_store_registry._registry) - {"", "databricks-uc", "uc"}
+    assert registered == set(tracking_schemes())
 
 
 def test_every_problem_is_reported_at_once():
