@@ -129,6 +129,34 @@ def ui(args: argparse.Namespace) -> int:
         return 0
 
 
+def plan_command(args: argparse.Namespace) -> int:
+    """`eagle3 plan`: the cost of a run from params (+ -S overrides) and a target config.json."""
+    import yaml
+
+    from eagle3.inputs import InputError
+    from eagle3.plan import plan, print_plan, read_target_config
+
+    try:
+        raw = yaml.safe_load(Path(args.params).read_text()) if Path(args.params).exists() else {}
+        for item in args.set_param:
+            key, sep, value = item.partition("=")
+            section, dot, name = key.partition(".")
+            if not (sep and dot and name):
+                raise ParamsError("-S", [f"{item}: expected section.key=value (e.g. vocab.size=32000)"])
+            raw.setdefault(section, {})[name] = yaml.safe_load(value)
+        params = parse_params(raw, f"{args.params} + -S" if args.set_param else args.params)
+        target = read_target_config(args.target or params.target.source)
+        result = plan(params, target, args.tokens, args.world)
+    except (ParamsError, InputError, ValueError) as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_plan(result, Console())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eagle3", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +194,17 @@ def main(argv: list[str] | None = None) -> int:
         exp_cmd.add_argument("--params", default="params.yaml", help="names the MLflow store and experiment")
         if name == "report":
             exp_cmd.add_argument("--out", default="report", help="folder for report.md, report.html, PNGs")
+    plan_cmd = commands.add_parser(
+        "plan", help="what a run will cost: drafter params, store bytes, training memory and steps, FLOPs"
+    )
+    plan_cmd.add_argument("--params", default="params.yaml")
+    plan_cmd.add_argument(
+        "-S", "--set-param", action="append", default=[], metavar="K=V", help="override a param, as dvc"
+    )
+    plan_cmd.add_argument("--target", help="packaged name, HF folder or config.json (default: target.source)")
+    plan_cmd.add_argument("--tokens", type=int, help="tokens stored (default: data.num_samples x max_length)")
+    plan_cmd.add_argument("--world", type=int, help="training devices (default: train.num_processes)")
+    plan_cmd.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
     ui_cmd = commands.add_parser("ui", help="the MLflow UI on this repo's tracking store (localhost)")
     ui_cmd.add_argument("--port", type=int, default=5000)
     ui_cmd.add_argument("--host", default="127.0.0.1")
@@ -177,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         return experiments_command(args)
     if args.command == "ui":
         return ui(args)
+    if args.command == "plan":
+        return plan_command(args)
     if args.command == "ship":
         try:
             print(ship(args.name))

@@ -162,6 +162,18 @@ class TrainParams(Section):
     head_trainable: bool = True
     # Drafter MLP width; null = the target's intermediate_size (exported in config.json).
     intermediate_size: int | None = Field(default=None, ge=1)
+    # Drafter attention shape; null = derived from the target (its heads, KV heads, head_dim).
+    # `eagle3 plan` prints what each choice costs (e.g. Kimi-K2.5's reported drafter: 64/64/128).
+    num_attention_heads: int | None = Field(default=None, ge=1)
+    num_key_value_heads: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
+    # Warm start: an exported drafter folder (SGLang/EAGLE layout: config.json + model.safetensors)
+    # to fine-tune instead of training from scratch. Its shape, draft vocabulary (d2t/t2d, adopted
+    # by vocab-map) and weights are used; it is checked against the target before any training.
+    init: str | None = None
+    # Warm start: refuse when the drafter's held-out top-1 agreement with this target, measured
+    # before training, is below this (a drafter made for another model); 0 = only report it.
+    init_min_acc: float = Field(default=0.05, ge=0, le=1)
     # EAGLE-3.1: an RMSNorm on each captured aux layer before fc, and the drafter's normed output
     # fed to the next TTT / draft step instead of the pre-norm residual stream.
     fc_norm: bool = False
@@ -190,6 +202,16 @@ class TrainParams(Section):
     dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     # Refuse to start when the estimated peak memory exceeds this (GiB).
     max_memory_gib: float = Field(default=16.0, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TrainParams:
+        heads, kv = self.num_attention_heads, self.num_key_value_heads
+        if heads is not None and kv is not None and heads % kv:
+            raise ValueError(
+                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv}); "
+                "set train.num_key_value_heads to a divisor of it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _frozen_head_needs_target_init(self) -> TrainParams:

@@ -17,7 +17,7 @@ from torch import Tensor
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.device import Shape, resolve_dtype
 from eagle3.drafter.config import DrafterConfig
-from eagle3.params import Params, TrainParams
+from eagle3.params import Params, ParamsError, TrainParams
 from eagle3.stageio import read_json, sha256_file, sha256_json
 from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
@@ -48,14 +48,18 @@ def precision(p: TrainParams, cfg: DrafterConfig | None = None) -> tuple[torch.d
     return dtype, False
 
 
+SHAPE_KEYS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
 def drafter_config(base: DrafterConfig, p: TrainParams) -> DrafterConfig:
-    """`base` (sizes from the target) with the architecture choices of train params applied."""
-    return replace(
-        base,
-        intermediate_size=p.intermediate_size or base.intermediate_size,
-        fc_norm=p.fc_norm,
-        norm_output=p.norm_output,
-    )
+    """`base` (sizes from the target) with the architecture choices of train params applied
+    (a shape key left null keeps the target's)."""
+    shape = {key: getattr(p, key) or getattr(base, key) for key in SHAPE_KEYS}
+    try:
+        return replace(base, **shape, fc_norm=p.fc_norm, norm_output=p.norm_output)
+    except ValueError as err:  # e.g. heads not a multiple of the KV heads the target gives
+        set_keys = ", ".join(f"train.{k}={getattr(p, k)}" for k in SHAPE_KEYS if getattr(p, k))
+        raise ParamsError("params", [f"{set_keys or 'train'}: {err}"]) from None
 
 
 def estimate_peak_gib(cfg: DrafterConfig, p: TrainParams, stored_topk: int | None = None) -> float:
@@ -63,7 +67,7 @@ def estimate_peak_gib(cfg: DrafterConfig, p: TrainParams, stored_topk: int | Non
     `stored_topk`: the store holds the target's top-N instead of last_hidden."""
     h, k, v, i = cfg.hidden_size, cfg.draft_vocab_size, cfg.vocab_size, cfg.intermediate_size
     tokens = p.batch_size * p.seq_len
-    per_step = tokens * (k * 12 + h * 80 + i * 16) + p.batch_size * p.seq_len * p.seq_len * p.ttt_length
+    per_step = activation_bytes_per_step(cfg, p, p.batch_size)
     weights = (k * h + 4 * h * h + 3 * h * i + 3 * h * h) * 16 + v * h * 4
     if stored_topk:  # ids int64 + logprobs float32 per position; no target logits
         target = tokens * stored_topk * 12 + v * h * 2
@@ -71,6 +75,13 @@ def estimate_peak_gib(cfg: DrafterConfig, p: TrainParams, stored_topk: int | Non
         target = tokens * k * 2 + v * h * 2 + (tokens * v * 6 if p.target_topk else 0)
     runtime = 0.5 * 2**30  # interpreter, torch and allocator slack (bench/train.py measures peak RSS)
     return (per_step * p.ttt_length + weights + target + runtime) / 2**30
+
+
+def activation_bytes_per_step(cfg: DrafterConfig, p: TrainParams, rows: int) -> int:
+    """Activations kept for backward per TTT step, for `rows` sequences of train.seq_len
+    (logits of the draft vocabulary dominate; attention scores grow with seq_len squared)."""
+    h, k, i = cfg.hidden_size, cfg.draft_vocab_size, cfg.intermediate_size
+    return rows * p.seq_len * (k * 12 + h * 80 + i * 16) + rows * p.seq_len * p.seq_len * p.ttt_length
 
 
 def check_memory(cfg: DrafterConfig, p: TrainParams, stored_topk: int | None = None) -> float:

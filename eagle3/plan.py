@@ -1,0 +1,380 @@
+"""`eagle3 plan`: what a run will build and cost, from params and a target's config.json alone.
+
+No weights are read and nothing is run: the drafter's parameters (trainable and frozen, part by
+part), its draft lm_head at every size of `vocab.coverage_grid`, the bytes the feature store
+keeps per token, optimizer state and per-device training memory, training steps, and the FLOPs
+of one draft step against the target's per token. The target may be a packaged name, an HF
+folder or a bare config.json; a multimodal wrapper's text model (`text_config`, as Kimi-K2.5
+nests its DeepSeek-V3 language model) is what is planned for.
+
+Assumptions (also in the output): AdamW keeps two moments per trainable parameter in the master
+dtype; bf16 autocast (train.dtype auto on a GPU) keeps float32 master weights, which are the
+optimizer's own (no second copy), and frozen tensors (embedding, teacher head rows) in bf16; DDP
+replicates everything on each device (the FSDP line shards weights, grads and moments);
+activations use the coefficients of `eagle3.train.prepare.estimate_peak_gib`. FLOPs count
+matmuls only (2 per multiply-add), forward, attention over the context left out (it grows with
+the context for the target and the drafter alike).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from eagle3.drafter.config import DrafterConfig
+from eagle3.inputs import InputError
+from eagle3.params import Params, resolve_aux_layers
+from eagle3.train.prepare import SHAPE_KEYS, activation_bytes_per_step, drafter_config
+
+GIB = 2**30
+# The drafter a real Kimi-K2.5 run reported ("2594.7M total params, 1190.9M trainable" at a
+# 32,000-token draft vocabulary; shared/DESIGN.md): the shape the plan compares a Kimi-shaped
+# target's drafter with.
+REPORTED_KIMI_DRAFTER = {
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "head_dim": 128,
+    "intermediate_size": 18432,
+}
+REPORTED = "64 heads, 64 KV heads, head_dim 128, MLP 18,432"
+KIMI_TARGET = {"hidden_size": 7168, "vocab_size": 163840}
+IDS_MASK_BYTES = (4 + 1) * 2  # input_ids int32 + loss_mask uint8, in the shards and the token file
+
+
+def read_target_config(source: str) -> dict[str, Any]:
+    """The text model's config.json as a dict: `source` is a config.json file, an HF folder or a
+    packaged target name (a hub id is not fetched: download its config.json first)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    elif not path.exists():
+        from eagle3.target.load import PACKAGES, resolve_target  # noqa: PLC0415 - converts a GGUF
+
+        if source not in PACKAGES:
+            raise InputError(
+                f"plan target: '{source}' is neither a config.json, an HF folder with one, nor a packaged "
+                f"target ({', '.join(PACKAGES)}); for a hub model download its config.json"
+            )
+        path = Path(resolve_target(source)) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"plan target: cannot read {path} ({err})") from None
+    text = config.get("text_config") or config  # multimodal wrappers keep the LM under text_config
+    missing = [
+        k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if k not in text
+    ]
+    if missing:
+        raise InputError(f"plan target: {path} has no {', '.join(missing)} (not a language model's config)")
+    return dict(text)
+
+
+def target_flops_per_token(c: dict[str, Any]) -> dict[str, float]:
+    """Forward matmul FLOPs per token of the target: attention projections (MLA's low-rank ones
+    for DeepSeek-V3-like configs), MLPs (a MoE layer counts its active and shared experts and the
+    router), the lm_head."""
+    h, layers, heads, v = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["vocab_size"]
+    if c.get("kv_lora_rank"):  # MLA (DeepSeek-V2/V3, Kimi-K2)
+        qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+        q_rank = c.get("q_lora_rank")
+        q = h * q_rank + q_rank * heads * qk if q_rank else h * heads * qk
+        kv = h * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) + c["kv_lora_rank"] * heads * (
+            c["qk_nope_head_dim"] + c["v_head_dim"]
+        )
+        attention = q + kv + heads * c["v_head_dim"] * h
+    else:
+        hd = c.get("head_dim") or h // heads
+        kv_heads = c.get("num_key_value_heads") or heads
+        attention = 2 * h * heads * hd + 2 * h * kv_heads * hd
+    experts = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts")
+    dense_mlp = 3 * h * c.get("intermediate_size", 0)
+    mlp = 0
+    for layer in range(layers):
+        moe = (
+            experts and layer >= c.get("first_k_dense_replace", 0) and layer % c.get("moe_layer_freq", 1) == 0
+        )
+        if moe:
+            width = c.get("moe_intermediate_size") or c["intermediate_size"]
+            active = c["num_experts_per_tok"] + (c.get("n_shared_experts") or 0)
+            mlp += active * 3 * h * width + h * experts
+        else:
+            mlp += dense_mlp
+    out = {"attention": 2.0 * attention * layers, "mlp": 2.0 * mlp, "lm_head": 2.0 * h * v}
+    return out | {"total": sum(out.values())}
+
+
+def drafter_params(cfg: DrafterConfig, p: Any) -> dict[str, int]:
+    """Parameters of the drafter as `eagle3.drafter.model.Eagle3Drafter` builds it, and the frozen
+    target tensors training holds beside it (embedding; the teacher's lm_head rows)."""
+    h, ht, k, v = cfg.hidden_size, cfg.target_hidden_size, cfg.draft_vocab_size, cfg.vocab_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    parts = {
+        "fc": 3 * ht * h + (3 * ht if cfg.fc_norm else 0),
+        "attention": 2 * h * (q + 2 * kv) + q * h,  # q, k, v read concat(embedding, hidden): 2H
+        "mlp": 3 * h * cfg.intermediate_size,
+        "layer_norms": 3 * h,  # input_layernorm, hidden_norm, post_attention_layernorm
+        "draft_lm_head": k * h,
+        "final_norm": h,
+    }
+    head_frozen = not getattr(p, "head_trainable", True)
+    frozen_parts = {"draft_lm_head", "final_norm"} if head_frozen else set()
+    trainable = sum(n for name, n in parts.items() if name not in frozen_parts)
+    # the teacher: the target's lm_head rows of the draft vocabulary (all V rows for
+    # train.target_topk on a final-state store, which ranks the full vocabulary)
+    teacher = (v if getattr(p, "target_topk", None) else k) * ht
+    frozen = {"embedding": v * h, "teacher_head_rows": teacher} | {n: parts[n] for n in frozen_parts}
+    return parts | {
+        "trainable": trainable,
+        "frozen_embedding": v * h,
+        "frozen_teacher_head_rows": teacher,
+        "frozen": sum(frozen.values()),
+        "total": trainable + sum(frozen.values()),
+    }
+
+
+def draft_step_flops(cfg: DrafterConfig) -> dict[str, float]:
+    """Forward matmul FLOPs of one draft token (the decoder layer and the draft head; fc runs once
+    per verified token on the target's aux states)."""
+    p = drafter_params(cfg, SimpleNamespace())
+    step = 2.0 * (p["attention"] + p["mlp"] + p["draft_lm_head"])
+    return {"draft_step": step, "fc_per_verified_token": 2.0 * 3 * cfg.target_hidden_size * cfg.hidden_size}
+
+
+def store_bytes_per_token(hidden: int, top_n: int) -> dict[str, int]:
+    """Bytes the feature store keeps per token (eagle3/data/store.py): aux_hidden bf16 [3H] with
+    last_hidden bf16 [H] (final_state) or N x (id int32 + logprob float32) (top-N logprobs),
+    plus input_ids and loss_mask in the shards and again in the token file."""
+    aux = 3 * hidden * 2
+    return {
+        "final_state": aux + hidden * 2 + IDS_MASK_BYTES,
+        "top_logprobs": aux + top_n * 8 + IDS_MASK_BYTES,
+    }
+
+
+def training_steps(params: Params) -> dict[str, int]:
+    """Optimizer steps as eagle3/train runs them: the held-out split of train/data.split_samples,
+    full batches of train.batch_size per epoch (a last partial one dropped)."""
+    p, n = params.train, params.data.num_samples
+    held = min(n - 1, max(1, round(n * p.heldout_fraction)))
+    train = n - held if p.max_samples is None else min(n - held, p.max_samples)
+    per_epoch = max(1, train // p.batch_size)
+    return {
+        "train_samples": train,
+        "heldout_samples": held,
+        "batches_per_epoch": per_epoch,
+        "epochs": p.epochs,
+        "steps": per_epoch * p.epochs,
+    }
+
+
+def training_memory(
+    cfg: DrafterConfig, counts: dict[str, int], params: Params, world: int
+) -> dict[str, float]:
+    """Per-device training memory in GiB (see the module doc for what is assumed)."""
+    p = params.train
+    master = 8 if p.dtype == "float64" else 4
+    frozen_bytes = master if p.dtype in ("float32", "float64") else 2  # bf16 autocast: frozen tensors in bf16
+    trainable = counts["trainable"]
+    rows = math.ceil(p.batch_size / world)
+    activations = (
+        activation_bytes_per_step(cfg, p, rows) * p.ttt_length + rows * p.seq_len * cfg.draft_vocab_size * 2
+    )
+    out = {
+        "weights_trainable": trainable * master / GIB,
+        "weights_frozen": counts["frozen"] * frozen_bytes / GIB,
+        "grads": trainable * master / GIB,
+        "optimizer": 2 * trainable * master / GIB,
+        "activations": activations / GIB,
+    }
+    out["total_ddp"] = sum(out.values())
+    sharded = (out["weights_trainable"] + out["grads"] + out["optimizer"]) / world
+    out["total_fsdp"] = sharded + out["weights_frozen"] + out["activations"]
+    return out
+
+
+def plan(params: Params, target: dict[str, Any], tokens: int | None = None, world: int | None = None) -> dict:
+    """Everything `eagle3 plan` prints, as plain data (the --json output)."""
+    world = world or params.train.num_processes
+    layers = target["num_hidden_layers"]
+    aux = resolve_aux_layers(params, layers)
+    base = DrafterConfig.from_target_config(SimpleNamespace(**target), params.vocab.size, aux)
+    cfg = drafter_config(base, params.train)
+    counts = drafter_params(cfg, params.train)
+    h, v = cfg.target_hidden_size, cfg.vocab_size
+    sizes = sorted({min(k, v) for k in params.vocab.coverage_grid} | {cfg.draft_vocab_size, v})
+    by_size = []
+    for k in sizes:
+        sized = drafter_params(DrafterConfig(**(cfg.as_dict() | {"draft_vocab_size": k})), params.train)
+        by_size.append(
+            {
+                "draft_vocab_size": k,
+                "draft_lm_head": k * cfg.hidden_size,
+                "trainable": sized["trainable"],
+                "total": sized["total"],
+            }
+        )
+    token_count = tokens or params.data.num_samples * params.data.max_length
+    per_token = store_bytes_per_token(h, params.extract.sglang_top_logprobs)
+    flops_target = target_flops_per_token(target)
+    flops_draft = draft_step_flops(cfg)
+    shape = {key: getattr(cfg, key) for key in SHAPE_KEYS}
+    set_shape = any(getattr(params.train, k) for k in SHAPE_KEYS)
+    notes = [
+        "drafter shape "
+        + ("from train params" if set_shape else "derived from the target (train shape keys null)")
+        + ": "
+        + ", ".join(f"{k} {shape[k]}" for k in SHAPE_KEYS)
+    ]
+    if params.train.batch_size % world:
+        notes.append(
+            f"train.batch_size ({params.train.batch_size}) is the global batch: training refuses it unless "
+            f"it is a multiple of the {world} devices"
+        )
+    if all(target.get(k) == val for k, val in KIMI_TARGET.items()):
+        differ = [
+            f"{k} {shape[k]} (reported {val})" for k, val in REPORTED_KIMI_DRAFTER.items() if shape[k] != val
+        ]
+        notes.append(
+            f"differs from the reported Kimi-K2.5 drafter ({REPORTED}) in "
+            + ", ".join(differ)
+            + "; set train.num_attention_heads / num_key_value_heads / head_dim / intermediate_size to match"
+            if differ
+            else f"the drafter shape is the reported Kimi-K2.5 drafter's ({REPORTED})"
+        )
+    return {
+        "target": {
+            "hidden_size": h,
+            "num_hidden_layers": layers,
+            "vocab_size": v,
+            "model_type": target.get("model_type"),
+            "aux_layers": aux,
+            "flops_per_token": flops_target,
+        },
+        "drafter": {"shape": shape, "draft_vocab_size": cfg.draft_vocab_size, "params": counts},
+        "by_draft_vocab_size": by_size,
+        "store": {
+            "tokens": token_count,
+            "tokens_estimated": tokens is None,
+            "bytes_per_token": per_token,
+            "total_gib": {kind: token_count * n / GIB for kind, n in per_token.items()},
+            "selected": params.extract.sglang_target if params.extract.backend == "sglang" else "final_state",
+        },
+        "training": training_steps(params)
+        | {"world_size": world, "memory_gib_per_device": training_memory(cfg, counts, params, world)},
+        "flops": flops_draft
+        | {
+            "target_per_token": flops_target["total"],
+            "draft_step_over_target": flops_draft["draft_step"] / flops_target["total"],
+        },
+        "notes": notes,
+        "assumptions": [
+            "AdamW: two moments per trainable parameter in the master dtype (float32)",
+            "bf16 autocast (train.dtype auto on a GPU): float32 master weights are the optimizer's, "
+            "frozen embedding and teacher rows in bf16"
+            if params.train.dtype not in ("float32", "float64")
+            else f"train.dtype {params.train.dtype}: everything in it, no autocast",
+            "DDP replicates weights, grads and optimizer on every device; FSDP shards those three",
+            "tokens: " + ("--tokens" if tokens else "data.num_samples x data.max_length (an upper bound)"),
+            "FLOPs: forward matmuls, 2 per multiply-add; attention over the context left out",
+        ],
+    }
+
+
+def _m(n: float) -> str:
+    return f"{n / 1e6:,.1f}M"
+
+
+def _g(n: float) -> str:
+    return f"{n:,.1f} GiB"
+
+
+def print_plan(result: dict, console: Any) -> None:
+    """The plan as rich tables, for people."""
+    from rich.table import Table  # noqa: PLC0415
+
+    t, d, s, tr, f = (result[k] for k in ("target", "drafter", "store", "training", "flops"))
+    n = d["params"]
+    shape = d["shape"]
+    console.print(
+        f"[bold]target[/] {t['model_type'] or '?'}: hidden {t['hidden_size']:,}, "
+        f"{t['num_hidden_layers']} layers, vocabulary {t['vocab_size']:,}, aux layers {t['aux_layers']}",
+        highlight=False,
+    )
+    console.print(
+        f"[bold]drafter[/]: {shape['num_attention_heads']} heads, {shape['num_key_value_heads']} KV heads, "
+        f"head_dim {shape['head_dim']}, MLP {shape['intermediate_size']:,}, "
+        f"draft vocabulary {d['draft_vocab_size']:,}",
+        highlight=False,
+    )
+    params = Table(title="Drafter parameters", title_justify="left")
+    params.add_column("part")
+    params.add_column("params", justify="right")
+    rows = [
+        ("draft lm_head", n["draft_lm_head"]),
+        ("fc (3H -> H)", n["fc"]),
+        ("attention (q, k, v read 2H)", n["attention"]),
+        ("MLP", n["mlp"]),
+        ("norms", n["layer_norms"] + n["final_norm"]),
+        ("[bold]trainable", n["trainable"]),
+        ("frozen: embedding (the target's)", n["frozen_embedding"]),
+        ("frozen: the target's lm_head rows (teacher)", n["frozen_teacher_head_rows"]),
+        ("[bold]frozen", n["frozen"]),
+        ("[bold]total", n["total"]),
+    ]
+    for name, value in rows:
+        params.add_row(name, _m(value))
+    console.print(params)
+    sizes = Table(title="By draft vocabulary size (vocab.coverage_grid)", title_justify="left")
+    for col in ("draft vocab", "draft lm_head", "trainable", "total"):
+        sizes.add_column(col, justify="right")
+    for row in result["by_draft_vocab_size"]:
+        mark = " *" if row["draft_vocab_size"] == d["draft_vocab_size"] else ""
+        sizes.add_row(
+            f"{row['draft_vocab_size']:,}{mark}",
+            _m(row["draft_lm_head"]),
+            _m(row["trainable"]),
+            _m(row["total"]),
+        )
+    console.print(sizes)
+    store = Table(title="Feature store", title_justify="left")
+    for col in (
+        "format",
+        "bytes/token",
+        f"{s['tokens']:,} tokens{' (estimate)' if s['tokens_estimated'] else ''}",
+    ):
+        store.add_column(col, justify="right")
+    for kind, per in s["bytes_per_token"].items():
+        mark = " *" if kind == s["selected"] else ""
+        store.add_row(kind + mark, f"{per:,}", _g(s["total_gib"][kind]))
+    console.print(store)
+    mem = tr["memory_gib_per_device"]
+    train = Table(title=f"Training ({tr['world_size']} device(s))", title_justify="left")
+    train.add_column("")
+    train.add_column("", justify="right")
+    for name, value in (
+        ("samples: train / held-out", f"{tr['train_samples']:,} / {tr['heldout_samples']:,}"),
+        (
+            "steps (batches per epoch x epochs)",
+            f"{tr['steps']:,} ({tr['batches_per_epoch']:,} x {tr['epochs']})",
+        ),
+        ("weights: trainable / frozen", f"{_g(mem['weights_trainable'])} / {_g(mem['weights_frozen'])}"),
+        ("grads", _g(mem["grads"])),
+        ("optimizer (AdamW moments)", _g(mem["optimizer"])),
+        ("activations (rough)", _g(mem["activations"])),
+        ("[bold]per device, DDP", _g(mem["total_ddp"])),
+        ("per device, FSDP-sharded", _g(mem["total_fsdp"])),
+    ):
+        train.add_row(name, value)
+    console.print(train)
+    console.print(
+        f"[bold]FLOPs[/]: one draft step {f['draft_step'] / 1e9:,.2f} GFLOP against the target's "
+        f"{f['target_per_token'] / 1e9:,.1f} GFLOP per token ({f['draft_step_over_target']:.2%}); "
+        f"fc {f['fc_per_verified_token'] / 1e9:,.2f} GFLOP per verified token",
+        highlight=False,
+    )
+    for note in result["notes"]:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    console.print("assumes: " + "; ".join(result["assumptions"]), style="dim", highlight=False)

@@ -1,0 +1,166 @@
+"""`eagle3 plan`: the real Kimi-K2.5 run's reported figures reproduced from its config alone, the
+counts checked against the real models they describe, the drafter shape wired through params."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from eagle3.cli import main as cli
+from eagle3.drafter import DrafterConfig, Eagle3Drafter
+from eagle3.params import Params, ParamsError, TrainParams, parse_params
+from eagle3.plan import drafter_params, plan, read_target_config, target_flops_per_token
+from eagle3.train.prepare import drafter_config
+
+KIMI = Path(__file__).parent / "fixtures" / "kimi-k2.5" / "config.json"
+# the drafter the real run trained: 64 heads, 64 KV heads, head_dim 128, MLP 18,432, 32,000 tokens
+REPORTED_SHAPE = {
+    "vocab": {"size": 32000},
+    "train": {
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "head_dim": 128,
+        "intermediate_size": 18432,
+    },
+}
+
+
+def close(got: float, reported: float) -> bool:
+    return abs(got - reported) <= 0.001 * reported  # the issue's 0.1%
+
+
+def test_kimi_k25_plan_reproduces_the_reported_run():
+    target = read_target_config(str(KIMI))  # nested under text_config
+    assert target["hidden_size"] == 7168 and target["vocab_size"] == 163840
+    result = plan(parse_params(REPORTED_SHAPE), target, tokens=17_300_000, world=8)
+    n = result["drafter"]["params"]
+    assert close(n["draft_lm_head"], 229.4e6)
+    assert close(n["fc"], 154.1e6) and close(n["attention"], 411.0e6) and close(n["mlp"], 396.4e6)
+    assert close(n["trainable"], 1190.9e6)  # "1190.9M trainable"
+    assert close(n["frozen_embedding"], 1174.4e6) and close(n["frozen_teacher_head_rows"], 229.4e6)
+    assert close(n["total"], 2594.7e6)  # "2594.7M total params"
+    full = next(r for r in result["by_draft_vocab_size"] if r["draft_vocab_size"] == 163840)
+    assert close(full["draft_lm_head"], 1174.4e6)
+    assert close(full["trainable"], 2135.9e6)  # "with the full vocab ... ~2.1B"
+    assert close(result["store"]["total_gib"]["final_state"], 924.0)  # 17.3M tokens of (3H + H) x 2
+    assert result["store"]["bytes_per_token"]["final_state"] == 4 * 7168 * 2 + 10
+    assert any("is the reported Kimi-K2.5 drafter's" in note for note in result["notes"])
+
+
+def test_kimi_k25_steps_and_target_flops():
+    # "45,000 steps total (9000 batches x 5 epochs)" for 10,000 samples
+    params = parse_params(
+        {"data": {"num_samples": 10000}, "train": {"epochs": 5, "batch_size": 8, "heldout_fraction": 0.1}}
+    )
+    # per-device batch 1 on eight GPUs = a global batch of 8: 1,125 steps
+    assert plan(params, read_target_config(str(KIMI)))["training"]["steps"] == 5 * (9000 // 8)
+    one = parse_params(
+        {"data": {"num_samples": 10000}, "train": {"epochs": 5, "batch_size": 1, "heldout_fraction": 0.1}}
+    )
+    steps = plan(one, read_target_config(str(KIMI)))["training"]
+    assert steps["batches_per_epoch"] == 9000 and steps["steps"] == 45000
+    # ~32B active parameters (public figure) of which the 1.17B embedding does no matmul
+    flops = target_flops_per_token(read_target_config(str(KIMI)))["total"]
+    assert 2 * 30e9 < flops < 2 * 33e9
+
+
+def test_default_drafter_shape_difference_is_named():
+    result = plan(Params(), read_target_config(str(KIMI)))
+    shape = result["drafter"]["shape"]
+    notes = " ".join(result["notes"])
+    assert "derived from the target" in notes
+    if shape != {k: v for k, v in REPORTED_SHAPE["train"].items()}:
+        assert "differs from the reported Kimi-K2.5 drafter" in notes
+
+
+def _tiny_cfg(**kw) -> DrafterConfig:
+    base = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-5,
+        rope_theta=1e4,
+        max_position_embeddings=256,
+        hidden_act="silu",
+        vocab_size=200,
+        draft_vocab_size=50,
+        target_hidden_size=32,
+        aux_layer_ids=[1, 2, 3],
+    )
+    return DrafterConfig(**(base | kw))
+
+
+@pytest.mark.parametrize("fc_norm", [False, True])
+@pytest.mark.parametrize("head_trainable", [True, False])
+def test_parameter_counts_are_the_real_drafters(fc_norm, head_trainable):
+    cfg = _tiny_cfg(fc_norm=fc_norm)
+    model = Eagle3Drafter(cfg)
+    if not head_trainable:
+        model.lm_head.requires_grad_(False)
+        model.norm.requires_grad_(False)
+    counted = drafter_params(cfg, TrainParams(head_trainable=head_trainable))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen_in_model = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    assert counted["trainable"] == trainable
+    # the frozen tensors beside the drafter: its (the target's) embedding and the teacher's K rows
+    assert counted["frozen"] == frozen_in_model + cfg.draft_vocab_size * cfg.target_hidden_size
+
+
+def test_target_flops_are_the_real_models_matmul_weights():
+    llama = LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    # every routed expert active, so all of the MoE's weights are the active ones
+    mla = DeepseekV3Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
+        num_experts_per_tok=4, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1,
+    )  # fmt: skip
+    for config, model_class in ((llama, LlamaForCausalLM), (mla, DeepseekV3ForCausalLM)):
+        model = model_class(config)
+        matmul = sum(
+            p.numel() for n, p in model.named_parameters() if p.dim() >= 2 and "embed_tokens" not in n
+        )
+        assert target_flops_per_token(config.to_dict())["total"] == 2 * matmul
+
+
+def test_shape_params_reach_the_drafter_config_and_defaults_do_not_change_it():
+    base = DrafterConfig.from_target_config(
+        SimpleNamespace(**read_target_config(str(KIMI))), 32000, [1, 29, 57]
+    )
+    assert drafter_config(base, TrainParams()) == base  # the default drafter stays the one built today
+    shaped = drafter_config(base, TrainParams(num_attention_heads=32, num_key_value_heads=8, head_dim=128))
+    assert (shaped.num_attention_heads, shaped.num_key_value_heads, shaped.head_dim) == (32, 8, 128)
+    assert shaped.to_hf_dict()["head_dim"] == 128 and replace(shaped, head_dim=base.head_dim) != base
+    with pytest.raises(
+        ParamsError, match=r"train: num_attention_heads \(6\) must be a multiple of num_key_value_heads \(4\)"
+    ):
+        parse_params({"train": {"num_attention_heads": 6, "num_key_value_heads": 4}})
+    with pytest.raises(ParamsError, match=r"train.num_key_value_heads=5: .*must be a multiple"):
+        drafter_config(base, TrainParams(num_key_value_heads=5))  # 64 target heads
+
+
+def test_plan_command_json_text_and_bad_input(capsys, tmp_path):
+    args = ["plan", "--target", str(KIMI.parent), "--tokens", "17300000", "--json"]
+    sets = [f"train.{k}={v}" for k, v in REPORTED_SHAPE["train"].items()] + ["vocab.size=32000"]
+    assert cli(args + [x for s in sets for x in ("-S", s)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert close(result["drafter"]["params"]["total"], 2594.7e6)
+    assert cli(["plan", "--target", str(KIMI)]) == 0
+    out = capsys.readouterr().out
+    assert "Drafter parameters" in out and "GFLOP" in out and "163,840" in out
+    assert cli(["plan", "--target", str(KIMI), "-S", "vocab.size=0"]) == 2
+    assert "vocab.size" in capsys.readouterr().err
+    assert cli(["plan", "--target", str(tmp_path / "none.json")]) == 2
+    assert "neither a config.json" in capsys.readouterr().err
+    assert cli(["plan", "--target", str(KIMI), "-S", "vocab=1"]) == 2
+    assert "expected section.key=value" in capsys.readouterr().err
