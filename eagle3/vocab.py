@@ -89,6 +89,13 @@ def build_vocab_map(counts: np.ndarray, size: int) -> VocabMap:
     return VocabMap(d2t=d2t, t2d=t2d, counts=counts, distinct_seen=int((counts > 0).sum()))
 
 
+def adopted_vocab_map(counts: np.ndarray, d2t: torch.Tensor, t2d: torch.Tensor) -> VocabMap:
+    """A given mapping (a warm-start drafter's) with this run's counts, for its coverage."""
+    if len(t2d) != len(counts):
+        raise ValueError(f"t2d covers {len(t2d)} target tokens, the counts {len(counts)}")
+    return VocabMap(d2t=d2t.long(), t2d=t2d.bool(), counts=counts, distinct_seen=int((counts > 0).sum()))
+
+
 def coverage_of(token_ids: list[int], t2d: torch.Tensor) -> float:
     """Fraction of `token_ids` inside the draft vocabulary (t2d [V] bool): on tokens the
     vocabulary was not built from (e.g. the target's benchmark answers), what it really covers."""

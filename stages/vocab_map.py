@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 from eagle3.data.store import MANIFEST, FeatureStore
+from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
 from eagle3.stageio import write_csv, write_metrics
 from eagle3.tracking import pipeline_run
 from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
@@ -22,7 +23,11 @@ def main() -> None:
         tokens = store.tokens()  # refuses a token file that differs from the manifest
         fp = store.fingerprint
         counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp["vocab_size"])
-        vocab = build_vocab_map(counts, params.vocab.size)
+        init = read_init_drafter(params.train.init) if params.train.init else None
+        if init is None:
+            vocab = build_vocab_map(counts, params.vocab.size)
+        else:  # warm start: the drafter's own draft vocabulary (part of its weights)
+            vocab = adopt_vocab_map(init, counts, fp["hidden_size"], store.aux_layers, params.vocab.size)
         coverage = vocab.coverage()
         metrics = {
             "draft_vocab_size": vocab.draft_size,
@@ -32,6 +37,12 @@ def main() -> None:
             "distinct_tokens_seen": vocab.distinct_seen,
             "unseen_tokens_filled": vocab.unseen_filled,
         }
+        if init is not None:  # the adopted mapping against one counted from this run's tokens
+            own = build_vocab_map(counts, vocab.draft_size).coverage()
+            metrics |= {
+                "init_mapping_coverage": round(coverage, 6),
+                "counted_mapping_coverage": round(own, 6),
+            }
         meta = metrics | {
             "tokenizer_sha256": fp["tokenizer_sha256"],
             "target_sha256": fp["target_sha256"],
@@ -39,6 +50,8 @@ def main() -> None:
             "features_manifest_sha256": hashlib.sha256((FEATURES / MANIFEST).read_bytes()).hexdigest(),
             "vocab_size_param": params.vocab.size,
         }
+        if init is not None:  # train refuses a mapping adopted from another version of the folder
+            meta |= {"init": init.folder, "init_sha256": init.sha256}
         save_vocab_map(vocab, OUT, meta)
         curve = coverage_curve(counts, params.vocab.coverage_grid + [vocab.draft_size])
         write_csv(Path("plots/coverage.csv"), ["draft_vocab_size", "coverage"], [list(p) for p in curve])
@@ -51,6 +64,11 @@ def main() -> None:
             f"{vocab.unseen_filled} draft slots filled with unseen tokens (lowest ids)"
         )
     console.print(f"draft vocab {vocab.draft_size:,} of {fp['vocab_size']:,}: coverage {coverage:.4f}")
+    if init is not None:
+        console.print(
+            f"adopted from train.init {init.folder}: coverage {coverage:.4f} of this run's tokens, against "
+            f"{metrics['counted_mapping_coverage']:.4f} for a mapping counted from them at the same size"
+        )
 
 
 if __name__ == "__main__":

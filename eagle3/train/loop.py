@@ -24,6 +24,7 @@ from torch import Tensor
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from eagle3.drafter.model import Eagle3Drafter
+from eagle3.inputs import InputError
 from eagle3.params import TrainParams
 from eagle3.train.checkpoint import (
     CHECKPOINT,
@@ -100,6 +101,8 @@ class TrainRecipe:
         self._setup_data()
         self._setup_model()
         self._setup_optimizer()
+        # measured on the init weights, before a checkpoint is loaded: the same figure on a resume
+        self.init_check = self.check_init() if self.inputs.init is not None and self.dist.main else None
         self.load_checkpoint()
 
     def _setup_data(self) -> None:
@@ -119,6 +122,8 @@ class TrainRecipe:
         drafter.embed_tokens.weight.data = inputs.embed.to(compute)
         drafter.set_vocab_mapping(inputs.d2t, inputs.t2d)
         _init_head(drafter, head_rows, inputs.final_norm, p)
+        if inputs.init is not None:  # warm start: every trained tensor is the init drafter's
+            _load_init_weights(drafter, inputs.init.weights(), inputs.init.folder)
         self.drafter = drafter
         stored_topk = inputs.store.target_topk is not None  # the store holds the target's top-N
         topk_wanted = bool(p.target_topk) or stored_topk
@@ -287,6 +292,26 @@ class TrainRecipe:
         out["chain_survival"] = [float((alen > k + 1).double().mean()) for k in range(p.ttt_length)]
         return out
 
+    def check_init(self) -> dict:
+        """Does the warm-start drafter fit this target at all? Its held-out top-1 and simulated
+        acceptance as it is (seconds, no decoding); refused below train.init_min_acc."""
+        init, p = self.inputs.init, self.p
+        held = self.evaluate()
+        acc, length = held["acc"][0], held["acceptance_length"]
+        recorded = (init.recorded.get("train") or {}).get("heldout_acc_0")
+        line = (
+            f"train.init {init.folder} before training: held-out top-1 {acc:.3f}, simulated acceptance "
+            f"length {length:.2f}"
+            + (f" (it recorded {recorded:.3f} on the data it was trained on)" if recorded is not None else "")
+        )
+        if acc < p.init_min_acc:
+            raise InputError(
+                f"{line}: below train.init_min_acc {p.init_min_acc}, so it was made for another model or "
+                "data; train.init: null trains from scratch, train.init_min_acc: 0 fine-tunes it anyway"
+            )
+        Console(stderr=True).print(f"[bold]train:[/] {escape(line)}", soft_wrap=True)
+        return {"heldout_acc_0": acc, "acceptance_length": length, "recorded_heldout_acc_0": recorded}
+
     def _outcome(self) -> TrainOutcome:
         seconds = time.perf_counter() - self._started
         tokens = self._tokens_seen
@@ -305,6 +330,7 @@ class TrainRecipe:
             "tokens_per_s": tokens / seconds if tokens else None,
             "matmul_tflops": tokens * self._flops_token / seconds / 1e12 if tokens else None,
             "chance_acc": 1.0 / self.cfg.draft_vocab_size,
+            "init": self.init_check,
         }
         return TrainOutcome(drafter=self.drafter, metrics=metrics, curve=self.curve, epochs=self.epochs)
 
@@ -341,6 +367,26 @@ def _init_head(drafter: Eagle3Drafter, head_rows: Tensor, final_norm: Tensor | N
     if not p.head_trainable:
         drafter.lm_head.requires_grad_(False)
         drafter.norm.requires_grad_(False)
+
+
+def _load_init_weights(drafter: Eagle3Drafter, weights: dict[str, Tensor], folder: str) -> None:
+    """The init drafter's tensors into the freshly built one, refusing a layout that differs."""
+    own = {k for k in drafter.state_dict() if k not in ("d2t", "t2d", "embed_tokens.weight")}
+    missing, unexpected = own - set(weights), set(weights) - own
+    if missing or unexpected:
+        raise InputError(
+            f"train.init: {folder}/model.safetensors does not match the drafter's layout "
+            f"(missing {sorted(missing)}, unexpected {sorted(unexpected)})"
+        )
+    state = drafter.state_dict()
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            if tuple(tensor.shape) != tuple(state[name].shape):
+                raise InputError(
+                    f"train.init: {folder}: {name} has shape {tuple(tensor.shape)}, "
+                    f"the drafter's config says {tuple(state[name].shape)}"
+                )
+            state[name].copy_(tensor)
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:

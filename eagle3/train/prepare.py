@@ -17,6 +17,8 @@ from torch import Tensor
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.device import Shape, resolve_dtype
 from eagle3.drafter.config import DrafterConfig
+from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
+from eagle3.inputs import InputError
 from eagle3.params import Params, ParamsError, TrainParams
 from eagle3.stageio import read_json, sha256_file, sha256_json
 from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
@@ -38,6 +40,7 @@ class TrainInputs:
     drafter_cfg: DrafterConfig  # final: train.fc_norm / norm_output / intermediate_size applied
     run_key: str = ""  # identifies params + inputs; a checkpoint with another key is not resumed
     final_norm: Tensor | None = None  # target final norm as a Llama RMSNorm weight [H] (head_init: target)
+    init: InitDrafter | None = None  # train.init: the drafter to fine-tune (checked against the target)
 
 
 def precision(p: TrainParams, cfg: DrafterConfig | None = None) -> tuple[torch.dtype, bool]:
@@ -106,11 +109,55 @@ def check_target_topk(p: TrainParams, stored_topk: int | None) -> None:
         )
 
 
-def run_key(p: TrainParams, cfg: DrafterConfig, features_sha256: str, mapping_sha256: str) -> str:
+def run_key(
+    p: TrainParams,
+    cfg: DrafterConfig,
+    features_sha256: str,
+    mapping_sha256: str,
+    init_sha256: str | None = None,
+) -> str:
     """The identity of a training run: the params that shape the weights, the config, the inputs."""
     train = {k: v for k, v in p.model_dump().items() if k not in NOT_IN_KEY}
     material = {"train": train, "cfg": cfg.as_dict(), "features": features_sha256, "mapping": mapping_sha256}
+    if init_sha256 is not None:  # the warm-start drafter's files, not only its path
+        material["init"] = init_sha256
     return sha256_json(material)
+
+
+def warm_start_config(init: InitDrafter, base: DrafterConfig, p: TrainParams) -> DrafterConfig:
+    """The drafter config of a warm start: the init drafter's shape on the target's sizes, after
+    refusing (one line each, both values named) what makes it another target's drafter and train
+    params that ask for another shape than it has."""
+    check_against_target(init, base.target_hidden_size, base.vocab_size, base.aux_layer_ids, rope=base)
+    have = init.cfg
+    asked = {k: getattr(p, k) for k in SHAPE_KEYS if getattr(p, k) is not None}
+    asked |= {"fc_norm": p.fc_norm, "norm_output": p.norm_output}
+    differ = [
+        f"train.{k} is {v} but the drafter has {getattr(have, k)}"
+        for k, v in asked.items()
+        if v != getattr(have, k)
+    ]
+    if differ:
+        raise ParamsError(
+            "params", [f"train.init {init.folder}: " + "; ".join(differ) + " (leave the shape keys null)"]
+        )
+    shape = {k: getattr(have, k) for k in SHAPE_KEYS}
+    return replace(
+        base, **shape, rms_norm_eps=have.rms_norm_eps, fc_norm=have.fc_norm, norm_output=have.norm_output
+    )
+
+
+def check_adopted_mapping(init: InitDrafter, d2t: Tensor, t2d: Tensor, meta: dict) -> None:
+    """The vocab-map output must be this drafter's own mapping, adopted from these very files."""
+    rerun = "re-run the vocab-map stage (dvc repro -f vocab-map)"
+    if meta.get("init_sha256") != init.sha256:
+        raise InputError(
+            f"the vocab mapping (artifacts/vocab-map) was not adopted from the train.init drafter "
+            f"{init.folder} as it is now (vocab.json init_sha256 {str(meta.get('init_sha256'))[:12]}, "
+            f"the folder {init.sha256[:12]}); {rerun}"
+        )
+    if not (torch.equal(d2t, init.d2t) and torch.equal(t2d, init.t2d)):
+        raise InputError(f"the vocab mapping differs from the train.init drafter's d2t/t2d; {rerun}")
 
 
 def _require(paths: dict[Path, str]) -> None:
@@ -126,6 +173,10 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
     store = FeatureStore(features)  # refuses an edited manifest
     d2t, t2d, meta = load_mapping(mapping)  # refuses a damaged or mismatched mapping file
     base = DrafterConfig.from_target_config(load_target_config(params.target), len(d2t), store.aux_layers)
+    init = read_init_drafter(params.train.init) if params.train.init else None
+    if init is not None:  # warm start: checked against the target, then its shape
+        base = warm_start_config(init, base, params.train)
+        check_adopted_mapping(init, d2t, t2d, meta)
     cfg = drafter_config(base, params.train)
     features_sha256 = sha256_file(features / MANIFEST)
     folder = Path(resolve_target(params.target.source))  # a hub id has no local tokenizer to check
@@ -147,5 +198,5 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
     master, autocast = precision(params.train, cfg)
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
     norm = load_target_final_norm(params.target.source, master)
-    key = run_key(params.train, cfg, features_sha256, sha256_file(mapping / MAPPING))
-    return TrainInputs(store, embed, head, d2t, t2d, cfg, key, norm)
+    key = run_key(params.train, cfg, features_sha256, sha256_file(mapping / MAPPING), init and init.sha256)
+    return TrainInputs(store, embed, head, d2t, t2d, cfg, key, norm, init)

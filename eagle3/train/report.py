@@ -20,7 +20,7 @@ def per_position(summary: dict) -> dict:
 def stage_metrics(outcome: TrainOutcome) -> dict:
     """metrics/train.json: the held-out figures that decide a drafter, and what produced them."""
     m = outcome.metrics
-    return {
+    metrics = {
         # named apart from speculative-eval's measured figures: both land in one MLflow run
         "sim_acceptance_length": round(m["acceptance_length"], 4),
         "heldout_acc_0": round(m["heldout_acc_0"], 6),
@@ -39,6 +39,10 @@ def stage_metrics(outcome: TrainOutcome) -> dict:
     } | (  # a run resumed from a finished checkpoint trained nothing: no rate to report
         {"train_tokens_per_s": round(m["tokens_per_s"], 1)} if m["tokens_per_s"] else {}
     )
+    if m.get("init"):  # warm start: the drafter as it was, before training (train/loop.py check_init)
+        metrics["init_heldout_acc_0"] = round(m["init"]["heldout_acc_0"], 6)
+        metrics["init_sim_acceptance_length"] = round(m["init"]["acceptance_length"], 4)
+    return metrics
 
 
 def write_plots(outcome: TrainOutcome, folder: Path) -> None:
