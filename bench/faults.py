@@ -56,6 +56,9 @@ TINY = {
     "tracking": {"enabled": False},
 }
 EXTRACT = "artifacts/extract"
+# No wait is unbounded: a stage of the tiny project takes seconds, a pytest file minutes.
+STAGE_TIMEOUT_S = 900
+PYTEST_TIMEOUT_S = 3600
 VOCAB_OUTPUTS = ["artifacts/vocab-map", "metrics/vocab-map.json", "plots/coverage.csv"]
 EVAL_OUTPUTS = ["artifacts/speculative-eval", "metrics/speculative-eval.json", "plots/acceptance.csv"]
 
@@ -118,7 +121,12 @@ def run(
     project: Path, stage: str, env: dict[str, str] | None = None, preexec=None
 ) -> subprocess.CompletedProcess:
     proc = start(project, stage, env, preexec)
-    out, err = proc.communicate()
+    try:
+        out, err = proc.communicate(timeout=STAGE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -190,6 +198,7 @@ def timed_reference(project: Path, stage: str, watch: str) -> tuple[float, float
     proc = start(project, stage)
     first = None
     while proc.poll() is None:
+        _within_timeout(proc, began)
         if first is None and (project / watch).exists() and any((project / watch).rglob("*")):
             first = time.monotonic() - began
         time.sleep(0.02)
@@ -211,11 +220,19 @@ def kill_at(project: Path, stage: str, delay: float) -> bool:
         return True
 
 
+def _within_timeout(proc: subprocess.Popen, began: float) -> None:
+    if time.monotonic() - began > STAGE_TIMEOUT_S:
+        proc.kill()
+        proc.wait()
+        raise subprocess.TimeoutExpired(proc.args, STAGE_TIMEOUT_S)
+
+
 def kill_after_files(project: Path, stage: str, watch: str, count: int) -> bool:
     """Start `stage`, SIGKILL it once `watch` holds `count` files (a point in its progress, not
     in wall time, so a faster or slower machine cannot miss it); False if it finished first."""
-    proc = start(project, stage)
+    proc, began = start(project, stage), time.monotonic()
     while proc.poll() is None:
+        _within_timeout(proc, began)
         if (project / watch).exists() and sum(1 for p in (project / watch).iterdir()) >= count:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -456,17 +473,25 @@ def pytest_rows(files: dict[str, str]) -> list[Tally]:
     """The repo's own fault tests: each test is one fault tried (collected, then run)."""
     rows = []
     for kind, test_file in files.items():
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", test_file],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
-        passed = sum(line.startswith("PASSED ") for line in done.stdout.splitlines())
-        failed = sum(line.startswith(("FAILED ", "ERROR ")) for line in done.stdout.splitlines())
+        # output to a file, not pipes, in its own session: tests/test_report_sweep.py starts a DVC
+        # queue, whose daemon would hold pipes open after pytest is done (issue 20)
+        with tempfile.TemporaryFile("w+") as out:
+            subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", test_file],
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                timeout=PYTEST_TIMEOUT_S,
+            )
+            out.seek(0)
+            report = out.read()
+        passed = sum(line.startswith("PASSED ") for line in report.splitlines())
+        failed = sum(line.startswith(("FAILED ", "ERROR ")) for line in report.splitlines())
         tally = Tally(kind, injected=passed + failed, survived=passed, lost=failed)
         if failed:
-            tally.notes.append(done.stdout[-800:])
+            tally.notes.append(report[-800:])
         rows.append(tally)
     return rows
 

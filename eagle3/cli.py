@@ -92,7 +92,10 @@ def experiments_command(args: argparse.Namespace) -> int:
     """`eagle3 compare` and `eagle3 report`: read the experiments, print the table (and write the report)."""
     from eagle3.compare import print_comparison
     from eagle3.experiments import ExperimentsError, load_experiments, select
+    from eagle3.queue_workers import leftover_worker_warning
 
+    if warning := leftover_worker_warning():
+        Console(stderr=True).print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     try:
         rows, where = load_experiments(args.source, args.json, args.all_commits, args.params)
         rows = select(rows, args.names, where)

@@ -5,13 +5,18 @@ table fits 80 columns, the best size and its reasoning follow the numbers, bad i
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 
 import pytest
+from background import project_env
 from rich.console import Console
 
 from eagle3.cli import main
 from eagle3.compare import comparison
 from eagle3.experiments import Experiment, ExperimentsError, from_dvc_json, select
+from eagle3.queue_workers import WORKER_PID_DIR
 from eagle3.report import verdict, write_report
 
 ZEN3 = "AMD EPYC, 2 cores, no native bf16, torch 2.13.0+cpu, 2 threads"
@@ -158,3 +163,54 @@ def test_running_and_queued_experiments_are_left_out_of_dvc_rows():
         }
     ]
     assert [r.name for r in from_dvc_json(shown)] == ["main", "done"]
+
+
+def test_compare_warns_of_a_queue_worker_alive_with_an_empty_queue(tmp_path, monkeypatch, capsys):
+    """A real DVC project with an empty queue whose worker pid file names a live process: a
+    stand-in worker that only sleeps, its arguments naming it a queue worker as DVC's do."""
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=tmp_path, env=project_env(), check=True, capture_output=True, timeout=120)
+    shown = [
+        {
+            "rev": "abc1234",
+            "name": "main",
+            "data": {
+                "metrics": {"metrics/speculative-eval.json": {"data": {"acceptance_length": 1.5}}},
+                "params": {"params.yaml": {"data": {"vocab": {"size": 8}}}},
+            },
+        }
+    ]
+    (tmp_path / "shown.json").write_text(json.dumps(shown))
+    monkeypatch.chdir(tmp_path)
+    pid_file = tmp_path / WORKER_PID_DIR / "dvc-exp-worker-1.pid"
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    sleeper = "import time; time.sleep(600)"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", sleeper, "dvc", "exp", "queue-worker", "dvc-exp-000000-1@localhost"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        pid_file.write_text(str(worker.pid))
+        assert main(["compare", "--json", "shown.json"]) == 0
+        shown_out = capsys.readouterr()
+        assert shown_out.err == (
+            f"warning: a DVC queue worker is still alive with nothing queued or running (pid "
+            f"{worker.pid}): `dvc queue stop` ends it; if it stays, `kill {worker.pid}`\n"
+        )
+        assert "main" in shown_out.out  # the table as usual
+        # a live process that is no queue worker (the pid file outlived its worker, the pid reused)
+        other = subprocess.Popen([sys.executable, "-c", sleeper], stdout=subprocess.DEVNULL)
+        try:
+            pid_file.write_text(str(other.pid))
+            assert main(["compare", "--json", "shown.json"]) == 0
+            assert capsys.readouterr().err == ""
+        finally:
+            other.kill()
+            other.wait(timeout=30)
+        pid_file.write_text(str(worker.pid))
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+    assert main(["compare", "--json", "shown.json"]) == 0
+    assert capsys.readouterr().err == ""  # the same pid file, its worker gone: no warning

@@ -4,9 +4,7 @@ by the stages' own tracking code, read back over the REST API and seen in headle
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from background import end_processes, project_env, session_members, start_detached
 
 from eagle3.params import load_params
 from eagle3.tracking import pipeline_run
@@ -56,14 +55,11 @@ def log_runs(project: Path, monkeypatch) -> None:
 def server(tmp_path, monkeypatch):
     log_runs(tmp_path, monkeypatch)
     port = free_port()
-    # the documented command; its own session so that the server's workers stop with it
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "ui", "--port", str(port)],
-        cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    # the documented command; output to a file (the server's workers inherit it) and its own
+    # session, so that the server and every worker of it are ended by pid afterwards
+    log = tmp_path / "ui.log"
+    proc = start_detached(
+        [sys.executable, "-m", "eagle3.cli", "ui", "--port", str(port)], tmp_path, log, project_env()
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -73,13 +69,13 @@ def server(tmp_path, monkeypatch):
                     break
             except OSError:
                 if proc.poll() is not None:
-                    raise AssertionError(f"eagle3 ui exited: {proc.stdout.read().decode()}") from None
+                    raise AssertionError(f"eagle3 ui exited: {log.read_text(errors='replace')}") from None
                 time.sleep(0.5)
         else:
             raise AssertionError("eagle3 ui did not answer on /health within 90 s")
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        assert end_processes(session_members(proc.pid)) == []
         proc.wait(timeout=30)
 
 

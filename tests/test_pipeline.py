@@ -4,7 +4,6 @@ stage skipping, experiment tracking (workspace and temp-dir experiments), bad pa
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from background import project_env
 from conftest import SHAREGPT_SAMPLE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,10 +24,10 @@ TINY = {
 }
 
 
-def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+def run(cmd: list[str], cwd: Path, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    # Captured output is safe only for commands that leave no process behind: `dvc queue start`
+    # goes through tests/background.py instead (its daemon would hold these pipes open).
+    done = subprocess.run(cmd, cwd=cwd, env=project_env(), capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
         raise AssertionError(f"{cmd} failed:\n{done.stdout}\n{done.stderr}")
     return done

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import mlflow
+from background import dvc_queue_started, project_env
 from test_pipeline import REPO, TINY, dvc, run, write_params
 
 # the smallest run of every stage: 1 epoch over 6 samples, 1 prompt x 8 new tokens
@@ -57,11 +58,10 @@ def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_pat
 
     queued = dvc("exp", "run", "--queue", "-S", f"vocab.size={','.join(map(str, SIZES))}", cwd=project)
     assert queued.stdout.count("Queued experiment") == len(SIZES)
-    dvc("queue", "start", "-j", "2", cwd=project)
-    try:
+    # its daemon and workers write to a file, in their own session, and are ended for sure on
+    # leaving: a worker can outlive the queue (issue 20)
+    with dvc_queue_started(project, 2, project_env()):
         status = wait_for_queue(project)
-    finally:
-        dvc("queue", "stop", cwd=project)  # an idle worker can outlive the queue
     assert status.count("Success") == len(SIZES), status
 
     mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
