@@ -11,6 +11,16 @@ RoPE is the target's, of any type transformers implements (default, llama3, yarn
 drafters take it. `rope_scaling` holds the type and its parameters (None = default) and is exported
 as both `rope_scaling` (transformers 4, SGLang, vLLM) and `rope_parameters` (transformers 5), so the
 serving engine rotates exactly as training did.
+
+MLA targets (DeepSeek-V3, Kimi-K2/K2.5): the drafter is a Llama layer, so its head_dim is
+hidden_size / num_attention_heads (Kimi: 7168 / 64 = 112), not MLA's qk_rope_head_dim (64) that
+transformers' DeepseekV3Config reports as head_dim; RoPE (YaRN) then rotates the drafter's whole
+head with the target's rope parameters, as SGLang's LlamaForCausalLMEagle3 does with them.
+
+Aux layer ids: `aux_layer_ids` are this project's (id L = the output of decoder layer L); the
+export writes them in the form SGLang reads for the target's family (`layer_id_family`, see
+eagle3/target/sglang_engine.py: DeepSeek/Kimi targets differ) and records that family in
+eagle_config, so reading the file back restores the same ids.
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from eagle3.target.sglang_engine import LAYER_ID_RULES, serving_rule
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -45,6 +57,8 @@ class DrafterConfig:
     # the target's RoPE type and its parameters without rope_theta, e.g. {"rope_type": "llama3",
     # "factor": 8.0, ...}; None = default (unscaled) RoPE
     rope_scaling: dict[str, Any] | None = None
+    # how SGLang reads eagle_aux_hidden_state_layer_ids for the target (sglang_engine.LayerIdRule)
+    layer_id_family: str = "llama-like"
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
@@ -61,6 +75,7 @@ class DrafterConfig:
         if len(self.aux_layer_ids) != 3:
             raise ValueError(f"aux_layer_ids must list 3 layer ids, got {self.aux_layer_ids}")
         self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+        _family_rule(self.layer_id_family).to_sglang(self.aux_layer_ids)  # refuses what SGLang cannot capture
         self.rope_scaling = _checked_rope_scaling(self.rope_scaling)
 
     @property
@@ -81,6 +96,7 @@ class DrafterConfig:
         """Sizes taken from the target's HF config (LlamaConfig-like, transformers 4 or 5);
         `intermediate_size` None = the target's MLP width."""
         c = target_hf_config
+        family = serving_rule(c).family  # the wrapper's architecture decides (Kimi-K2.5)
         c = getattr(c, "text_config", None) or c  # multimodal wrappers keep the LM under text_config
         heads = c.num_attention_heads
         return cls(
@@ -88,7 +104,7 @@ class DrafterConfig:
             intermediate_size=intermediate_size or c.intermediate_size,
             num_attention_heads=heads,
             num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            head_dim=_llama_head_dim(c),
             rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(c),
             rope_scaling=_rope_scaling(c),
@@ -100,6 +116,7 @@ class DrafterConfig:
             aux_layer_ids=list(aux_layer_ids),
             fc_norm=fc_norm,
             norm_output=norm_output,
+            layer_id_family=family,
         )
 
     @property
@@ -131,7 +148,9 @@ class DrafterConfig:
             "mlp_bias": False,
             # SGLang reuses the embedding as lm_head when true; ours is a separate K-row head.
             "tie_word_embeddings": False,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)},
+            # the ids as SGLang reads them for the target's family (module doc); the family is
+            # recorded (SGLang ignores the key) only where that form differs from ours
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.sglang_aux_layer_ids},
             # EAGLE-3.1: top-level keys, read with getattr(config, "fc_norm" / "norm_output", False)
             # by SGLang python/sglang/srt/models/llama_eagle3.py and vLLM
             # vllm/model_executor/models/llama_eagle3.py (vllm-project/vllm#42764), and by SpecForge
@@ -150,10 +169,20 @@ class DrafterConfig:
             d["target_hidden_size"] = self.target_hidden_size
         if self.rope_scaling is not None:  # left out for the default, as in Llama-2 style configs
             d["rope_scaling"] = dict(self.rope_scaling)
+        if self.layer_id_family != LAYER_ID_RULES[0].family:
+            d["eagle_config"][FAMILY_KEY] = self.layer_id_family
         return d
 
+    @property
+    def sglang_aux_layer_ids(self) -> list[int]:
+        """aux_layer_ids as SGLang's eagle_aux_hidden_state_layer_ids for the target's family."""
+        return _family_rule(self.layer_id_family).to_sglang(self.aux_layer_ids)
+
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> DrafterConfig:
+    def from_hf_dict(cls, d: dict[str, Any], target_config: Any = None) -> DrafterConfig:
+        """The config of an exported drafter; its aux layer ids are read as SGLang reads them for
+        `target_config`'s family when given (a drafter exported elsewhere records none), else
+        for the family the file records (ours), else SGLang's common + 1 rule."""
         arch = d.get("architectures") or []
         if ARCHITECTURE not in arch:
             raise ValueError(f"config.json: architectures must contain {ARCHITECTURE!r}, got {arch}")
@@ -164,6 +193,8 @@ class DrafterConfig:
         if aux is None:
             raise ValueError("config.json: eagle_config.eagle_aux_hidden_state_layer_ids is missing")
         heads = d["num_attention_heads"]
+        family = serving_rule(target_config).family if target_config is not None else None
+        family = family or eagle.get(FAMILY_KEY, LAYER_ID_RULES[0].family)
         return cls(
             hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
@@ -179,9 +210,10 @@ class DrafterConfig:
             draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
             # missing in our exports when equal to hidden_size (and in old EAGLE-3 exports)
             target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
-            aux_layer_ids=list(aux),
+            aux_layer_ids=_family_rule(family).from_sglang(aux),
             fc_norm=bool(d.get("fc_norm", False)),
             norm_output=bool(d.get("norm_output", False)),
+            layer_id_family=family,
         )
 
     def mismatch(self, vocab_size: int, num_layers: int) -> str | None:
@@ -196,6 +228,24 @@ class DrafterConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+FAMILY_KEY = "layer_id_family"  # in eagle_config: how SGLang reads the ids (not an SGLang key)
+
+
+def _family_rule(family: str):
+    rules = {rule.family: rule for rule in LAYER_ID_RULES}
+    if family not in rules:
+        raise ValueError(f"layer_id_family must be one of {', '.join(rules)}, got {family!r}")
+    return rules[family]
+
+
+def _llama_head_dim(c: Any) -> int:
+    """The Llama drafter's head width for a target config: its head_dim, except for MLA targets
+    (kv_lora_rank set), whose head_dim is the RoPE part of a query/key head, not a head's width."""
+    if getattr(c, "kv_lora_rank", None):
+        return c.hidden_size // c.num_attention_heads
+    return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
 
 def _rope_dict(c: Any) -> dict[str, Any]:

@@ -71,20 +71,25 @@ def trained_ttt_length(folder: str | Path, default: int) -> int:
     return int(train.get("ttt_length", default))
 
 
-def load_drafter_config(path: str | Path) -> DrafterConfig:
+def load_drafter_config(path: str | Path, target_config: object = None) -> DrafterConfig:
+    """The drafter's config; with the target's HF config its aux layer ids are read the way
+    SGLang reads them for that target (DrafterConfig.from_hf_dict)."""
     path = Path(path)
     if not (path / CONFIG).exists():
         raise FileNotFoundError(f"{path} has no {CONFIG}: not an exported drafter")
-    return DrafterConfig.from_hf_dict(json.loads((path / CONFIG).read_text()))
+    return DrafterConfig.from_hf_dict(json.loads((path / CONFIG).read_text()), target_config)
 
 
 def load_drafter(
-    path: str | Path, embed_weight: Tensor | None, dtype: torch.dtype = torch.bfloat16
+    path: str | Path,
+    embed_weight: Tensor | None,
+    dtype: torch.dtype = torch.bfloat16,
+    target_config: object = None,
 ) -> Eagle3Drafter:
     """Read an exported drafter back; `embed_weight` is the target's input embedding [V, H]
     (ignored, and may be None, when the drafter ships its own)."""
     path = Path(path)
-    cfg = load_drafter_config(path)
+    cfg = load_drafter_config(path, target_config)
     tensors = load_file(str(path / WEIGHTS))
     embed = _embedding(path, cfg, tensors, embed_weight)
     model = Eagle3Drafter(cfg, embed_weight=embed.to(dtype))

@@ -20,7 +20,13 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+)
 
 from eagle3.device import DTYPES, Job, Shape, resolve_dtype  # noqa: F401 - DTYPES re-exported for callers
 from eagle3.inputs import InputError
@@ -245,24 +251,30 @@ class Target:
         return self.model.config
 
     @property
+    def text_config(self):
+        """The language model's config: the config itself, or what a multimodal wrapper
+        (Kimi-K2.5) nests under `text_config`."""
+        return self.model.config.get_text_config()
+
+    @property
     def num_layers(self) -> int:
-        return self.model.config.num_hidden_layers
+        return self.text_config.num_hidden_layers
 
     @property
     def hidden_size(self) -> int:
-        return self.model.config.hidden_size
+        return self.text_config.hidden_size
 
     @property
     def vocab_size(self) -> int:
-        return self.model.config.vocab_size
+        return self.text_config.vocab_size
 
     @property
     def decoder_layers(self) -> torch.nn.ModuleList:
-        return self.model.model.layers
+        return self.model.get_decoder().layers
 
     @property
     def final_norm(self) -> torch.nn.Module:
-        return self.model.model.norm
+        return self.model.get_decoder().norm
 
 
 def _config(path: str, trust_remote_code: bool):
@@ -276,15 +288,25 @@ def load_target_config(params: TargetParams):
     return _config(resolve_target(params.source), params.trust_remote_code)
 
 
+def _model_class(config) -> type:
+    """AutoModelForCausalLM; for a multimodal wrapper whose language model sits under text_config
+    (Kimi-K2.5: Kimi_K25ForConditionalGeneration over DeepSeek-V3), the class transformers maps it
+    to, whose text-only forward is the language model's (the vision tower never runs)."""
+    if type(config) not in AutoModelForCausalLM._model_mapping and getattr(config, "text_config", None):
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def load_target(params: TargetParams, job: Job = "prefill") -> Target:
     """The target in the dtype `target.dtype` resolves to for `job` (auto: fastest measured here)."""
     if params.threads:
         torch.set_num_threads(params.threads)
     path = resolve_target(params.source)
     remote = params.trust_remote_code
-    dtype = resolve_dtype(params.dtype, job, Shape.of(_config(path, remote)))
+    config = _config(path, remote)
+    dtype = resolve_dtype(params.dtype, job, Shape.of(config))
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=remote)
+        model = _model_class(config).from_pretrained(path, dtype=dtype, trust_remote_code=remote)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
     except (OSError, ValueError, KeyError, SafetensorError) as err:  # no weights, truncated weights, ...
         raise _unloadable(path, err) from None

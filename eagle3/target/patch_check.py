@@ -19,6 +19,7 @@ import transformers
 from eagle3.stageio import sha256_files
 from eagle3.target.capture import capture_hidden_states
 from eagle3.target.load import Target
+from eagle3.target.sglang_engine import LAYER_ID_RULES, serving_rule
 
 CHECK_PROMPTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -26,9 +27,9 @@ CHECK_PROMPTS = (
     "Speculative decoding lets a small model propose tokens that a large model verifies.",
 )
 # HF and SGLang name the same tensors differently; recorded in the report for the reader.
+HF_IDS = "aux layer id i = output of decoder layer i (0-indexed) = HF hidden_states[i + 1]"
 CONVENTION = (
-    "aux layer id i = output of decoder layer i (0-indexed) = HF hidden_states[i + 1] "
-    "= what SGLang captures for eagle_aux_hidden_state_layer_ids [i] (it hooks before layer i + 1)"
+    f"{HF_IDS} = what SGLang captures for eagle_aux_hidden_state_layer_ids [i] (it hooks before layer i + 1)"
 )
 
 
@@ -77,6 +78,8 @@ def run_patch_check(
     target: Target, aux_layers: list[int], capture: CaptureFn = capture_hidden_states
 ) -> dict:
     """Check capture on CHECK_PROMPTS; raise PatchCheckError on the first mismatch, else return the report."""
+    rule = serving_rule(target.config)
+    sglang_ids = rule.to_sglang(aux_layers)  # refuses layers SGLang cannot capture on this target
     checks = []
     for prompt in CHECK_PROMPTS:
         ids = target.tokenizer(prompt, return_tensors="pt").input_ids
@@ -96,9 +99,13 @@ def run_patch_check(
         checks.append(
             {"prompt_tokens": ids.shape[1], "logits_bitwise_equal": True, "states_bitwise_equal": True}
         )
-    return {
+    report = {
         "fingerprint": fingerprint(target, aux_layers),
         "convention": CONVENTION,
         "checks": checks,
         "passed": True,
     }
+    if rule is not LAYER_ID_RULES[0]:  # DeepSeek/Kimi: SGLang reads other ids (sglang_engine.py)
+        report["convention"] = f"{HF_IDS}; SGLang ({rule.family}): {rule.capture}"
+        report["sglang_aux_layer_ids"] = sglang_ids
+    return report

@@ -8,6 +8,7 @@ memory of every decoder layer (hundreds of GB for a Kimi-size target).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -71,8 +72,13 @@ def load_target_final_norm(source: str, dtype: torch.dtype = torch.float32) -> T
     Gemma's norms scale by (1 + w), so its weight is shifted by one.
     """
     folder, text, files = _target_files(source)
+    # outside every numbered block (".layers.3.", Kimi-K2.5's ".blocks.3.") and the vision parts
     names = sorted(
-        n for n in files if n.endswith("norm.weight") and ".layers." not in n and "vision" not in n
+        n
+        for n in files
+        if n.endswith("norm.weight")
+        and not re.search(r"\.\d+\.", n)
+        and not any(part in n for part in ("vision", "mm_projector"))
     )
     if len(names) != 1:
         raise ValueError(f"{folder}: expected one final norm weight outside the layers, found {names}")
