@@ -7,7 +7,9 @@ markdown with PNGs beside it and as one HTML file with the PNGs inside (no netwo
 from __future__ import annotations
 
 import base64
+import functools
 import html
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,9 @@ TABLE = (
     ("size", lambda e: str(e.draft_vocab_size)),
     ("coverage", lambda e: _fmt(e.number("coverage"), ".4f")),
     ("lm_head params", lambda e: _fmt(e.number("lm_head_params"), ",.0f")),
+    # what the size costs, from `eagle3 plan` on the row's own params (README "Plan a run")
+    ("trainable params (plan)", lambda e: _fmt(_planned(e, "trainable"), ",.0f")),
+    ("draft GFLOP/step (plan)", lambda e: _fmt(_planned(e, "draft_gflop"), ".3f")),
     ("acceptance length [95% CI]", lambda e: _ci(e, "acceptance_length")),
     ("drafter's share", lambda e: _fmt(e.number("drafter_acceptance_length"), ".2f")),
     ("acceptance rate", lambda e: _fmt(e.number("acceptance_rate"), ".3f")),
@@ -37,6 +42,34 @@ TABLE = (
 
 def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+@functools.cache
+def _plan_of(flat_params: str) -> dict | None:
+    """`eagle3 plan` for one row's params (JSON of the flat params), None when they no longer
+    validate or the target's config cannot be read here."""
+    from eagle3.inputs import InputError  # noqa: PLC0415 - the plan reads configs only when asked
+    from eagle3.params import ParamsError, parse_params  # noqa: PLC0415
+    from eagle3.plan import plan, read_target_config  # noqa: PLC0415
+
+    nested: dict = {}
+    for key, value in json.loads(flat_params).items():
+        section, _, name = key.partition(".")
+        nested.setdefault(section, {})[name] = value
+    try:
+        params = parse_params(nested)
+        result = plan(params, read_target_config(params.target.source))
+    except (ParamsError, InputError, OSError, ValueError, KeyError):
+        return None
+    return {
+        "trainable": result["drafter"]["params"]["trainable"],
+        "draft_gflop": result["flops"]["draft_step"] / 1e9,
+    }
+
+
+def _planned(e: Experiment, key: str) -> float | None:
+    cost = _plan_of(json.dumps(e.params, sort_keys=True)) if e.params else None
+    return None if cost is None else cost[key]
 
 
 def _ci(e: Experiment, key: str) -> str:
@@ -215,6 +248,11 @@ def _markdown(experiments: list[Experiment], verdict_: Verdict, plots: list[Path
     lines = ["# Draft vocabulary sweep", "", verdict_.paragraph, ""]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(get(e) for _, get in TABLE) + " |" for e in sweep_rows(experiments)]
+    lines += [
+        "",
+        "Costs per size are `eagle3 plan -S vocab.size=K` on each row's params (drafter parameters and "
+        'one draft step\'s FLOPs; storage, memory and steps: README "Plan a run").',
+    ]
     lines += ["", "Measured on:", ""] + [f"- {m}: {', '.join(names)}" for m, names in _machines(experiments)]
     lines.append("")
     for path, (_, _, title) in zip(plots, PLOTS, strict=True):

@@ -164,3 +164,18 @@ def test_plan_command_json_text_and_bad_input(capsys, tmp_path):
     assert "neither a config.json" in capsys.readouterr().err
     assert cli(["plan", "--target", str(KIMI), "-S", "vocab=1"]) == 2
     assert "expected section.key=value" in capsys.readouterr().err
+
+
+def test_vocab_report_shows_the_planned_cost_beside_each_size(tmp_path):
+    from eagle3.experiments import Experiment  # noqa: PLC0415
+    from eagle3.report import write_report  # noqa: PLC0415
+
+    def row(size: int) -> Experiment:
+        params = Params().flat() | {"target.source": str(KIMI.parent), "vocab.size": size}
+        params |= {f"train.{k}": v for k, v in REPORTED_SHAPE["train"].items()}
+        return Experiment(f"k{size}", params, {"draft_vocab_size": size, "acceptance_length": 2.0})
+
+    write_report([row(32000), row(163840)], tmp_path)
+    markdown = (tmp_path / "report.md").read_text()
+    assert "trainable params (plan)" in markdown and "eagle3 plan -S vocab.size=K" in markdown
+    assert "| 1,190,948,864 |" in markdown and "| 2,135,977,984 |" in markdown  # 1,190.9M and ~2.1B
