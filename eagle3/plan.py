@@ -284,7 +284,7 @@ def plan(params: Params, target: dict[str, Any], tokens: int | None = None, worl
 
 
 def _m(n: float) -> str:
-    return f"{n / 1e6:,.1f}M"
+    return f"{n / 1e6:,.1f}M" if n >= 1e5 else f"{n / 1e3:,.1f}K"
 
 
 def _g(n: float) -> str:
