@@ -140,7 +140,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from eagle3.plan import plan, print_plan, read_target_config
 
     try:
-        raw = yaml.safe_load(Path(args.params).read_text()) if Path(args.params).exists() else {}
+        raw = (yaml.safe_load(Path(args.params).read_text()) if Path(args.params).exists() else None) or {}
         for item in args.set_param:
             key, sep, value = item.partition("=")
             section, dot, name = key.partition(".")
