@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from eagle3.drafter.config import DrafterConfig
+from eagle3.drafter.export import load_drafter_config
 from eagle3.inputs import InputError
 from eagle3.params import Params, resolve_aux_layers
 from eagle3.train.prepare import SHAPE_KEYS, activation_bytes_per_step, drafter_config
@@ -201,6 +203,13 @@ def plan(params: Params, target: dict[str, Any], tokens: int | None = None, worl
     layers = target["num_hidden_layers"]
     aux = resolve_aux_layers(params, layers)
     base = DrafterConfig.from_target_config(SimpleNamespace(**target), params.vocab.size, aux)
+    if params.train.init:  # warm start: the drafter's own shape and draft vocabulary (config.json only)
+        try:
+            init = load_drafter_config(params.train.init)
+        except (FileNotFoundError, ValueError, KeyError) as err:
+            raise InputError(f"train.init: {params.train.init}: {err}") from None
+        keep = (*SHAPE_KEYS, "draft_vocab_size", "fc_norm", "norm_output")
+        base = replace(base, **{k: getattr(init, k) for k in keep})
     cfg = drafter_config(base, params.train)
     counts = drafter_params(cfg, params.train)
     h, v = cfg.target_hidden_size, cfg.vocab_size
@@ -222,12 +231,12 @@ def plan(params: Params, target: dict[str, Any], tokens: int | None = None, worl
     flops_draft = draft_step_flops(cfg)
     shape = {key: getattr(cfg, key) for key in SHAPE_KEYS}
     set_shape = any(getattr(params.train, k) for k in SHAPE_KEYS)
-    notes = [
-        "drafter shape "
-        + ("from train params" if set_shape else "derived from the target (train shape keys null)")
-        + ": "
-        + ", ".join(f"{k} {shape[k]}" for k in SHAPE_KEYS)
-    ]
+    source = "derived from the target (train shape keys null)"
+    if params.train.init:
+        source = f"the train.init drafter's ({params.train.init}, draft vocabulary {cfg.draft_vocab_size:,})"
+    elif set_shape:
+        source = "from train params"
+    notes = [f"drafter shape {source}: " + ", ".join(f"{k} {shape[k]}" for k in SHAPE_KEYS)]
     if params.train.batch_size % world:
         notes.append(
             f"train.batch_size ({params.train.batch_size}) is the global batch: training refuses it unless "

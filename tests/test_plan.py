@@ -179,3 +179,18 @@ def test_vocab_report_shows_the_planned_cost_beside_each_size(tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "trainable params (plan)" in markdown and "eagle3 plan -S vocab.size=K" in markdown
     assert "| 1,190,948,864 |" in markdown and "| 2,135,977,984 |" in markdown  # 1,190.9M and ~2.1B
+
+
+def test_plan_of_a_warm_start_takes_the_drafters_shape_and_vocabulary(tmp_path):
+    drafter = Path(__file__).resolve().parents[1] / "drafters" / "smollm2-135m-instruct-full"
+    params = parse_params({"train": {"init": str(drafter)}, "vocab": {"size": 100}})
+    target = {
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "vocab_size": 49152, "intermediate_size": 1536, "max_position_embeddings": 8192, "rope_theta": 1e5,
+    }  # fmt: skip
+    result = plan(params, target)
+    assert result["drafter"]["draft_vocab_size"] == 8192  # the drafter's, not vocab.size
+    assert result["drafter"]["params"]["draft_lm_head"] == 8192 * 576
+    assert "the train.init drafter's" in result["notes"][0]
+    with pytest.raises(ValueError, match="train.init: .*nowhere"):
+        plan(parse_params({"train": {"init": str(tmp_path / "nowhere")}}), target)
