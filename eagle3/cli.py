@@ -28,6 +28,26 @@ def params_check(path: str) -> int:
         return 2
     console.print(f"[green]{path} is valid[/]; resolved params:")
     console.print(Syntax(yaml.safe_dump(params.model_dump(), sort_keys=False), "yaml"))
+    from eagle3.resolved_dtypes import resolve, table  # noqa: PLC0415 - loads torch
+
+    console.print(table(resolve(params, measure=False)))  # never measures: `eagle3 dtypes` does
+    return 0
+
+
+def dtypes_command(args: argparse.Namespace) -> int:
+    """Resolve (measuring where needed) and print the dtypes the pipeline would use here."""
+    from eagle3.device import machine  # noqa: PLC0415 - loads torch
+    from eagle3.resolved_dtypes import forget, resolve, table  # noqa: PLC0415
+
+    try:
+        params = load_params(args.params)
+    except ParamsError as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        return 2
+    if args.remeasure:
+        forget(params)
+    Console().print(table(resolve(params)))
+    Console().print(f"on {machine()}; `dvc repro` records these in artifacts/dtypes/")
     return 0
 
 
@@ -208,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     plan_cmd.add_argument("--tokens", type=int, help="tokens stored (default: data.num_samples x max_length)")
     plan_cmd.add_argument("--world", type=int, help="training devices (default: train.num_processes)")
     plan_cmd.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
+    dtypes_cmd = commands.add_parser(
+        "dtypes", help="the dtype each job runs in here (auto: measured, kept per machine) and why"
+    )
+    dtypes_cmd.add_argument("--params", default="params.yaml")
+    dtypes_cmd.add_argument("--remeasure", action="store_true", help="forget this machine's kept measurement")
     ui_cmd = commands.add_parser("ui", help="the MLflow UI on this repo's tracking store (localhost)")
     ui_cmd.add_argument("--port", type=int, default=5000)
     ui_cmd.add_argument("--host", default="127.0.0.1")
@@ -219,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         return experiments_command(args)
     if args.command == "ui":
         return ui(args)
+    if args.command == "dtypes":
+        return dtypes_command(args)
     if args.command == "plan":
         return plan_command(args)
     if args.command == "ship":

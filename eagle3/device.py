@@ -23,7 +23,8 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -74,14 +75,41 @@ def machine() -> str:
     )
 
 
-def _median_seconds(fn: Callable[[], object], reps: int = 3) -> float:
-    fn()  # warm-up (oneDNN primitive creation)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _cpu_seconds(fn: Callable[[], object]) -> float:
+    """CPU seconds `fn` spends on this thread: the time a job needs, not the wall time a busy
+    machine stretches it to (the probe runs one intra-op thread, so all work is on this one)."""
+    start = time.thread_time()
+    fn()
+    return time.thread_time() - start
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _busy_seconds() -> float:
+    """CPU seconds spent by everything on the machine so far (/proc/stat; 0 where unreadable)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def _others_load(into: dict) -> Iterator[None]:
+    """Records into["others_cores"]: how many cores other processes kept busy meanwhile."""
+    wall, ours, busy = time.perf_counter(), time.process_time(), _busy_seconds()
+    yield
+    others = (_busy_seconds() - busy) - (time.process_time() - ours)
+    into["others_cores"] = round(max(others, 0.0) / max(time.perf_counter() - wall, 1e-9), 2)
 
 
 @dataclass(frozen=True)
@@ -127,8 +155,8 @@ def _probe_model(shape: Shape, dtype: torch.dtype, pack: bool = False, layers: i
     return model
 
 
-def measure_job(job: Job, dtype: torch.dtype, shape: Shape) -> float:
-    """Median seconds of the job's work on a model of `shape` in `dtype`:
+def _job_work(job: Job, dtype: torch.dtype, shape: Shape) -> Callable[[], object]:
+    """The job's work on a model of `shape` in `dtype`, ready to time:
     prefill = one 256-token forward of 2 layers;
     decode = DECODE_STEPS one-token steps of the full depth with a KV cache and the lm_head
     (float32 weights packed, as decoding runs them);
@@ -136,87 +164,133 @@ def measure_job(job: Job, dtype: torch.dtype, shape: Shape) -> float:
     weights, as training runs it)."""
     from transformers import DynamicCache  # noqa: PLC0415 - heavy import
 
-    ids = torch.randint(0, shape.vocab_size, (1, 256))
+    ids = torch.randint(0, shape.vocab_size, (1, 256), generator=torch.Generator().manual_seed(0))
     if job == "train":
         model = _probe_model(shape, torch.float32)
         layer = model.model.layers[0].requires_grad_(True)
         x = torch.randn(1, 256, shape.hidden_size)
-        positions = torch.arange(256)[None]
-        rotary = model.model.rotary_emb(x, positions)
+        rotary = model.model.rotary_emb(x, torch.arange(256)[None])
 
         def step() -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                 out = layer(x, position_embeddings=rotary, attention_mask=None)
             (out[0] if isinstance(out, tuple) else out).float().square().mean().backward()
 
-        return _median_seconds(step)
+        return step
     decoding = job == "decode"
     layers = shape.num_hidden_layers if decoding else 2
     model = _probe_model(shape, dtype, pack=decoding and packing_available(dtype), layers=layers)
-    with torch.no_grad():
-        if job == "prefill":
-            return _median_seconds(lambda: model.model(input_ids=ids, use_cache=False))
+    if job == "prefill":
+        return torch.no_grad()(lambda: model.model(input_ids=ids, use_cache=False))
 
-        # only the one-token steps are timed (a prompt pass favours bf16: that is the prefill job),
-        # at a context of an eval prompt's length, with explicit positions as the engine passes them
-        cache = DynamicCache(config=model.config)
+    # only the one-token steps are timed (a prompt pass favours bf16: that is the prefill job),
+    # at a context of an eval prompt's length, with explicit positions as the engine passes them
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
         model(input_ids=ids[:, :DECODE_CONTEXT], cache=cache, use_cache=True)
 
-        def decode() -> None:
-            for i in range(DECODE_STEPS):
-                at = DECODE_CONTEXT + i
-                model(
-                    input_ids=ids[:, at : at + 1],
-                    position_ids=torch.tensor([[at]]),
-                    cache=cache,
-                    use_cache=True,
-                )
-            cache.crop(-DECODE_STEPS)  # back to the prompt (transformers 5 crops by a negative count)
+    @torch.no_grad()
+    def decode() -> None:
+        for i in range(DECODE_STEPS):
+            at = DECODE_CONTEXT + i
+            model(
+                input_ids=ids[:, at : at + 1], position_ids=torch.tensor([[at]]), cache=cache, use_cache=True
+            )
+        cache.crop(-DECODE_STEPS)  # back to the prompt (transformers 5 crops by a negative count)
 
-        return _median_seconds(decode, reps=5)
+    return decode
 
 
 # The decode probe: one-token steps timed after an untimed prompt of DECODE_CONTEXT tokens.
 DECODE_CONTEXT, DECODE_STEPS = 192, 8
-# bf16 decodes only where it beats float32 by this factor: near a tie the probe's noise (~10%
-# between runs on a 2-core VM) decides, and float32 is also the dtype in which speculative
-# output equals plain greedy token for token (bf16 rounding flips near-tied argmaxes).
-BF16_DECODE_MARGIN = 0.9
+# bf16 is chosen only where it needs less than BF16_MARGIN of float32's time: near a tie the
+# probe's noise decides, and float32 is also the dtype in which speculative output equals plain
+# greedy token for token (bf16 rounding flips near-tied argmaxes).
+BF16_MARGIN = 0.9
+# A ratio within NARROW of the margin is too close to call: float32, and not cached, so the next
+# run measures again instead of keeping a coin toss for good.
+NARROW = 0.1
+# Other processes keeping more than this many cores busy during the probe: the decision is used
+# (CPU time is robust to load) but not cached, so a quiet run decides for good.
+LOADED_CORES = 0.25
+REPS = 5  # paired reps per job (float32 and bf16 alternate, so both see the same load)
 
 
-def choose(job: Job, times: dict[str, float]) -> str:
-    """The dtype a job runs in, from its measured seconds per dtype."""
-    if job == "decode":
-        return "bfloat16" if times["bfloat16"] < BF16_DECODE_MARGIN * times["float32"] else "float32"
-    return min(times, key=times.get)
+def measure_job(job: Job, shape: Shape, reps: int = REPS) -> dict:
+    """{"float32": s, "bfloat16": s, "ratio": median bf16/float32 of the paired reps}, in CPU
+    seconds of one thread. The two dtypes run interleaved, each rep in the other order."""
+    work = {name: _job_work(job, DTYPES[name], shape) for name in ("float32", "bfloat16")}
+    times: dict[str, list[float]] = {name: [] for name in work}
+    with _one_thread():
+        for run in work.values():
+            run()  # warm-up (oneDNN primitive creation)
+        for rep in range(reps):
+            for name in sorted(work, reverse=rep % 2 == 1):
+                times[name].append(_cpu_seconds(work[name]))
+    ratios = [b / f for f, b in zip(times["float32"], times["bfloat16"], strict=True)]
+    return {name: round(statistics.median(t), 6) for name, t in times.items()} | {
+        "ratio": round(statistics.median(ratios), 4)
+    }
 
 
-def measure_policy(shape: Shape) -> dict:
-    """{job: {"float32": s, "bfloat16": s, "choice": see `choose`} for every job."""
-    policy = {}
-    for job in JOBS:
-        times = {name: measure_job(job, DTYPES[name], shape) for name in ("float32", "bfloat16")}
-        policy[job] = times | {"choice": choose(job, times)}
-    return policy
+def choose(ratio: float) -> tuple[str, bool]:
+    """(dtype, clear) for a measured bf16/float32 time ratio: bf16 only on a clear win; a ratio
+    within NARROW of the margin is not clear and resolves to float32."""
+    if ratio < BF16_MARGIN * (1 - NARROW):
+        return "bfloat16", True
+    return "float32", ratio > BF16_MARGIN * (1 + NARROW)
 
 
-def _policy_path(shape: Shape) -> Path:
+def measure_decision(job: Job, shape: Shape) -> dict:
+    """{"float32": s, "bfloat16": s, "ratio": r, "choice": dtype, "clear": bool, "others_cores": n}."""
+    decision: dict = {}
+    with _others_load(decision):
+        measured = measure_job(job, shape)
+    choice, clear = choose(measured["ratio"])
+    return measured | {"choice": choice, "clear": clear} | decision
+
+
+def keep_for_good(decision: dict) -> str | None:
+    """Why a measured decision must not be kept (None: keep it)."""
+    if decision["others_cores"] > LOADED_CORES:
+        return f"other processes kept {decision['others_cores']} cores busy while it was measured"
+    if not decision["clear"]:
+        return "too close to call (float32 used)"
+    return None
+
+
+def policy_path(job: Job, shape: Shape) -> Path:
     from eagle3.target.load import cache_root  # noqa: PLC0415 - avoids an import cycle
 
     flags = " ".join(sorted(f for f in _cpu_flags().split() if "avx" in f or "amx" in f))
-    key = f"{_cpu_model()}|{flags}|{torch.__version__}|{torch.get_num_threads()}|{shape}"
-    return cache_root() / "dtype-policy" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    key = f"{POLICY_VERSION}|{_cpu_model()}|{flags}|{torch.__version__}|{torch.get_num_threads()}|{shape}"
+    name = f"{job}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return cache_root() / "dtype-policy" / name
+
+
+# Bumped when the measurement changes: a decision measured the old way is not reused.
+POLICY_VERSION = 2
+
+
+def kept_decision(job: Job, shape: Shape) -> dict | None:
+    """The decision kept for `job` at `shape` on this machine, without measuring; None if none."""
+    path = policy_path(job, shape)
+    return json.loads(path.read_text()) | {"source": f"cached in {path}"} if path.exists() else None
 
 
 @cache
-def cpu_policy(shape: Shape) -> dict:
-    """The measured policy of this machine for `shape`, measured once and cached on disk."""
-    path = _policy_path(shape)
-    if path.exists():
-        return json.loads(path.read_text())
-    policy = {"machine": machine(), "shape": str(shape)} | measure_policy(shape)
-    write_json(path, policy)
-    return policy
+def cpu_decision(job: Job, shape: Shape) -> dict:
+    """This machine's dtype for `job` at `shape`: the kept decision where a clear, quiet
+    measurement was kept, else measured now (and kept only if clear and quiet). Its "source"
+    says which."""
+    if kept := kept_decision(job, shape):
+        return kept
+    path = policy_path(job, shape)
+    decision = {"machine": machine(), "shape": str(shape)} | measure_decision(job, shape)
+    if why := keep_for_good(decision):
+        return decision | {"source": f"measured now, not cached: {why}"}
+    write_json(path, decision)
+    return decision | {"source": f"measured now, cached in {path}"}
 
 
 def resolve_dtype(name: str, job: Job = "prefill", shape: Shape | None = None) -> torch.dtype:
@@ -224,12 +298,23 @@ def resolve_dtype(name: str, job: Job = "prefill", shape: Shape | None = None) -
 
     `shape` (the target's sizes) is needed only where a measurement decides: a CPU with native
     bf16; without one such a CPU keeps the old rule (bf16 where native)."""
+    return DTYPES[resolve_dtype_name(name, job, shape)[0]]
+
+
+def resolve_dtype_name(
+    name: str, job: Job = "prefill", shape: Shape | None = None, measure: bool = True
+) -> tuple[str, str]:
+    """(dtype name, where the decision came from) for a dtype param value. With measure=False
+    a decision that needs a measurement not yet kept here stays "auto"."""
     if name != "auto":
-        return DTYPES[name]
+        return name, "set in params"
     if torch.cuda.is_available():
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float32"), "GPU rule"
     if not native_bf16():
-        return torch.float32  # emulated bf16: measured ~50x slower for matmuls (README)
+        return "float32", "no native bf16 on this CPU (emulated bf16 is ~50x slower)"
     if shape is None:
-        return torch.bfloat16
-    return DTYPES[cpu_policy(shape)[job]["choice"]]
+        return "bfloat16", "native bf16 on this CPU"
+    decision = cpu_decision(job, shape) if measure else kept_decision(job, shape)
+    if decision is None:
+        return "auto", "not measured on this machine yet (`eagle3 dtypes` measures it, ~1 min)"
+    return decision["choice"], f"bf16/float32 CPU time {decision['ratio']:.2f}; {decision['source']}"

@@ -10,6 +10,7 @@ from eagle3.data.extract import extract_features
 from eagle3.device import machine
 from eagle3.packed import pack_linears
 from eagle3.params import Params
+from eagle3.resolved_dtypes import pinned
 from eagle3.stageio import read_json, write_metrics
 from eagle3.target.load import load_target
 from eagle3.tracking import pipeline_run
@@ -24,7 +25,7 @@ def extract_hf(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, st
         raise ValueError(
             f"extract.backend is 'hf' but {REPORT} checked {fingerprint.get('engine')}: run patch-check again"
         )
-    target = load_target(params.target)
+    target = load_target(pinned(params, "prefill").target)  # the dtype the dtypes stage recorded
     if params.extract.pack_weights:
         pack_linears(target.model)  # a no-op outside float32 on CPU
     manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT, stats=stats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3.params import Params, check_against_target
+from eagle3.resolved_dtypes import pinned
 from eagle3.stageio import write_json, write_metrics
 from eagle3.target.load import has_chat_template, load_target, load_target_config
 from eagle3.target.patch_check import fingerprint, run_patch_check
@@ -62,7 +63,7 @@ def main() -> None:
         else:
             config = load_target_config(params.target)
             aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
-            report = run_patch_check(load_target(params.target), aux_layers)
+            report = run_patch_check(load_target(pinned(params, "prefill").target), aux_layers)
         write_json(OUT / "report.json", report)
         fp = report["fingerprint"]
         metrics = {

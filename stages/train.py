@@ -11,6 +11,7 @@ from pathlib import Path
 
 from eagle3.drafter.export import export_drafter
 from eagle3.params import Params
+from eagle3.resolved_dtypes import pinned
 from eagle3.stageio import write_metrics
 from eagle3.tracking import pipeline_run
 from eagle3.train.distributed import is_main_process, launched_by_torchrun, relaunch_under_torchrun
@@ -38,7 +39,8 @@ def main() -> None:
     if p.num_processes > 1 and not launched_by_torchrun():
         sys.exit(relaunch_under_torchrun(p.num_processes, "stages.train"))
     with reported_failures("train"):
-        inputs = prepare(params)
+        pinned_params = pinned(params, "train")  # computes in the dtype the dtypes stage recorded
+        inputs, p = prepare(pinned_params), pinned_params.train
         if not is_main_process():
             train_drafter(p, inputs, CHECKPOINTS)
             return

@@ -1,0 +1,22 @@
+"""Stage dtypes: resolve every `auto` dtype on this machine and record the decisions
+(eagle3/resolved_dtypes.py). DVC runs it on every repro (always_changed); the files it writes
+change only when a decision does, and only the stages that list the changed file re-run."""
+
+from __future__ import annotations
+
+from eagle3.device import machine
+from eagle3.resolved_dtypes import FOLDER, record, resolve, table
+from stages.common import console, reported_failures, validated_params
+
+
+def main() -> None:
+    params = validated_params()
+    with reported_failures("dtypes"):
+        resolved = resolve(params)
+        record(resolved)
+    console.print(table(resolved))
+    console.print(f"on {machine()}; recorded in {FOLDER}/")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The dtypes stage: `auto` resolved once per run and recorded where DVC hashes it, so a changed
+machine decision re-runs exactly the stages it affects and an unchanged one re-runs nothing.
+Real DVC on a tiny real project; the decision is changed the way a remeasurement would change
+it: by the kept measurement in the machine's cache (EAGLE3_CACHE)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SHAREGPT_SAMPLE
+
+from eagle3.device import native_bf16, policy_path
+from eagle3.params import parse_params
+from eagle3.resolved_dtypes import _shapes, pinned, record
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {
+    "target": {"dtype": "float32"},
+    "data": {"source": str(SHAREGPT_SAMPLE), "num_samples": 4, "max_length": 40},
+    "extract": {"shard_samples": 2, "batch_tokens": 128},
+    "vocab": {"size": 300},
+    "train": {"dtype": "auto", "epochs": 1},
+    "tracking": {"enabled": False},
+}
+
+
+def tiny_params() -> dict:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in TINY.items():
+        params[section].update(values)
+    return params
+
+
+def test_pinned_replaces_auto_with_the_record_and_keeps_explicit_dtypes(tmp_path):
+    raw = tiny_params()
+    raw["eval"].update({"dtype": "auto", "drafter_dtype": None})
+    params = parse_params(raw, "test")
+    record(
+        {
+            "train": {"train.dtype": {"dtype": "bfloat16", "why": "measured"}},
+            "decode": {
+                "eval.dtype": {"dtype": "float32", "why": "measured"},
+                "eval.drafter_dtype": {"dtype": "float32", "why": "null = eval.dtype"},
+            },
+        },
+        tmp_path,
+    )
+    assert pinned(params, "train", tmp_path).train.dtype == "bfloat16"
+    decode = pinned(params, "decode", tmp_path).eval
+    assert (decode.dtype, decode.drafter_dtype) == ("float32", "float32")
+    explicit = params.model_copy(update={"train": params.train.model_copy(update={"dtype": "float64"})})
+    assert pinned(explicit, "train", tmp_path).train.dtype == "float64"
+    assert pinned(params, "prefill", tmp_path) is params  # no record: resolved live
+    before = (tmp_path / "train.json").read_bytes()
+    same = {"train": {"train.dtype": {"dtype": "bfloat16", "why": "another source, same decision"}}}
+    record(same, tmp_path)
+    assert (tmp_path / "train.json").read_bytes() == before  # only the decision is in the bytes
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def _keep(decision: str, job: str, shape) -> None:
+    """A kept measurement for `job`, as a clear, quiet run on this machine would have written it."""
+    ratio = 0.5 if decision == "bfloat16" else 1.3
+    path = policy_path(job, shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = {"float32": 1.0, "bfloat16": ratio, "ratio": ratio, "choice": decision, "clear": True}
+    path.write_text(json.dumps(kept | {"others_cores": 0.0}))
+
+
+@pytest.mark.skipif(not native_bf16(), reason="without native bf16, auto is float32 and nothing is measured")
+def test_a_changed_decision_reruns_exactly_the_stages_it_affects(tmp_path, monkeypatch):
+    project, cache = tmp_path / "project", tmp_path / "cache"
+    project.mkdir()
+    for name in ("eagle3", "stages"):
+        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dvc.yaml", project)
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env |= {"EAGLE3_CACHE": str(cache), "DVC_NO_ANALYTICS": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    monkeypatch.setenv("EAGLE3_CACHE", str(cache))  # policy_path below: the same cache as the stages
+    # the converted target lives in the real cache: link it so the stages do not convert again
+    real_cache = Path(os.environ.get("EAGLE3_CACHE", Path.home() / ".cache" / "eagle3"))
+    cache.mkdir()
+    for entry in real_cache.iterdir() if real_cache.exists() else ():
+        if entry.name != "dtype-policy":
+            (cache / entry.name).symlink_to(entry)
+    drafter_shape = _shapes(parse_params(tiny_params(), "test"))["drafter"]
+    _keep("bfloat16", "train", drafter_shape)
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        _run(cmd, project, env)
+    _run([sys.executable, "-m", "dvc", "repro", "train"], project, env)
+    assert json.loads((project / "artifacts/dtypes/train.json").read_text())["train.dtype"] == "bfloat16"
+
+    # the same decision again: the dtypes stage runs (always) and nothing else does
+    again = _run([sys.executable, "-m", "dvc", "repro", "train"], project, env)
+    assert "Running stage 'dtypes'" in again
+    for stage in ("patch-check", "extract", "vocab-map", "train"):
+        assert f"Stage '{stage}' didn't change, skipping" in again
+
+    # a remeasurement that decides otherwise: train, and only train, runs again
+    _keep("float32", "train", drafter_shape)
+    changed = _run([sys.executable, "-m", "dvc", "repro", "train"], project, env)
+    assert json.loads((project / "artifacts/dtypes/train.json").read_text())["train.dtype"] == "float32"
+    assert "Running stage 'train'" in changed
+    for stage in ("patch-check", "extract", "vocab-map"):
+        assert f"Stage '{stage}' didn't change, skipping" in changed
+    assert json.loads((project / "metrics/train.json").read_text())["dtype"] == "float32"
