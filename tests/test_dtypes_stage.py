@@ -17,8 +17,9 @@ import yaml
 from conftest import SHAREGPT_SAMPLE
 
 from eagle3.device import native_bf16, policy_path
+from eagle3.dtype_decisions import shapes
 from eagle3.params import parse_params
-from eagle3.resolved_dtypes import _shapes, pinned, record
+from eagle3.resolved_dtypes import pinned, record
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -97,7 +98,7 @@ def test_a_changed_decision_reruns_exactly_the_stages_it_affects(tmp_path, monke
     for entry in real_cache.iterdir() if real_cache.exists() else ():
         if entry.name != "dtype-policy":
             (cache / entry.name).symlink_to(entry)
-    drafter_shape = _shapes(parse_params(tiny_params(), "test"))["drafter"]
+    drafter_shape = shapes(parse_params(tiny_params(), "test"))["drafter"]
     _keep("bfloat16", "train", drafter_shape)
     for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
         _run(cmd, project, env)
