@@ -75,7 +75,6 @@ class DrafterConfig:
         if len(self.aux_layer_ids) != 3:
             raise ValueError(f"aux_layer_ids must list 3 layer ids, got {self.aux_layer_ids}")
         self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
-        _family_rule(self.layer_id_family).to_sglang(self.aux_layer_ids)  # refuses what SGLang cannot capture
         self.rope_scaling = _checked_rope_scaling(self.rope_scaling)
 
     @property
