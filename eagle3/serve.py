@@ -1,6 +1,7 @@
 """`eagle3 serve-command`: the exact commands that serve the target with the trained drafter.
 
-Draft shape comes from the eval params, which the speculative-eval stage measured:
+Draft shape comes from the eval params, which the speculative-eval stage measured (the mapping
+lives in eagle3/target/sglang_spec.py, which eval.backend: sglang launches with):
   chain (eval.k drafts, one per step): SGLang --speculative-num-steps k --speculative-eagle-topk 1
       --speculative-num-draft-tokens k + 1 (the drafts plus the token they extend);
   tree (depth eval.k, eval.topk children, eval.tree_budget drafts): steps k, topk, budget + 1.
@@ -16,6 +17,7 @@ from pathlib import Path
 from eagle3.drafter.export import trained_ttt_length
 from eagle3.params import Params
 from eagle3.target.load import resolve_target
+from eagle3.target.sglang_spec import SpecShape, eagle3_flags, eagle3_shape
 
 DEFAULT_DRAFTER = Path("artifacts/train/drafter")
 
@@ -35,11 +37,11 @@ def drafter_folder(params: Params, drafter: str | None = None) -> Path:
 
 
 def draft_shape(params: Params) -> tuple[int, int, int]:
-    """(num_steps, topk, num_draft_tokens) for SGLang from the eval params."""
+    """(num_steps, topk, num_draft_tokens) for SGLang from the eval params: the mapping
+    speculative-eval's sglang backend serves too (eagle3/target/sglang_spec.py)."""
     ev = params.eval
-    if ev.mode == "tree":
-        return ev.k, ev.topk, ev.tree_budget + 1
-    return ev.k, 1, ev.k + 1
+    shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)
+    return shape.num_steps, shape.topk, shape.num_draft_tokens
 
 
 def serve_commands(
@@ -52,9 +54,7 @@ def serve_commands(
     target = resolve_target(params.target.source)
     steps, topk, draft_tokens = draft_shape(params)
     sglang = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(tp)]
-    sglang += ["--port", str(port), "--speculative-algorithm", "EAGLE3"]
-    sglang += ["--speculative-draft-model-path", folder, "--speculative-num-steps", str(steps)]
-    sglang += ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(draft_tokens)]
+    sglang += ["--port", str(port), *eagle3_flags(folder, SpecShape(steps, topk, draft_tokens))]
     spec = {"method": "eagle3", "model": folder, "num_speculative_tokens": params.eval.k}
     vllm = ["vllm", "serve", target, "--tensor-parallel-size", str(tp), "--port", str(port)]
     vllm += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]

@@ -18,6 +18,7 @@ from eagle3.inputs import InputError
 from eagle3.packed import pack_linears
 from eagle3.stageio import write_json, write_metrics
 from eagle3.target.load import eos_token_ids, has_chat_template, load_target
+from eagle3.target.sglang_eval import evaluate_on_sglang, summary_line, unexplained
 from eagle3.tracking import pipeline_run
 from eagle3.vocab import coverage_of
 from stages.common import console, reported_failures, validated_params
@@ -32,13 +33,13 @@ def main() -> None:
     ev = params.eval
     with reported_failures("speculative-eval"):
         # Everything checkable without the model first: bad input fails in milliseconds.
-        if ev.backend != "hf":
-            raise ValueError(f"eval.backend: '{ev.backend}' is not available in this build (allowed: hf)")
         prompts = load_prompts(ev.prompts_file, ev.num_prompts, ev.categories)
         drafter_dir = Path(ev.drafter) if ev.drafter else DRAFTER
         if not (drafter_dir / "config.json").exists():
             hint = "eval.drafter names no exported drafter" if ev.drafter else "run the train stage first"
             raise FileNotFoundError(f"{drafter_dir} holds no exported drafter: {hint}")
+        if ev.backend == "sglang":  # SGLang's own speculative decoding, same outputs
+            return evaluate_sglang(params, prompts, drafter_dir)
         drafter_cfg = load_drafter_config(drafter_dir)
 
         # one dtype for all three decoders, the fastest for plain one-token decoding here
@@ -130,6 +131,29 @@ def main() -> None:
                     for r in bad
                 ]
                 raise RuntimeError("speculative output is not lossless:\n  " + "\n  ".join(lines))
+
+
+def evaluate_sglang(params, prompts, drafter_dir: Path) -> None:
+    """eval.backend sglang: servers started (or given), decoded, measured by
+    eagle3/target/sglang_eval.py; written as the hf backend writes its results."""
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("speculative-eval (SGLang)", total=len(prompts))
+        result = evaluate_on_sglang(params, prompts, drafter_dir, lambda _: progress.advance(task))
+    metrics = result.metrics
+    write_json(OUT / "results.json", {"prompts": result.rows})
+    write_acceptance_plot(metrics["per_position_acceptance"], PLOT_CSV, PLOT_PNG)
+    write_metrics("speculative-eval", metrics)
+    with pipeline_run(params, "speculative-eval") as mlrun:
+        mlrun.log_metrics(metrics)
+        mlrun.set_tags(result.tags | {"eval.dtype": metrics["dtype"]})
+        mlrun.log_artifact(PLOT_PNG, "plots")
+        mlrun.log_artifact(OUT / "results.json", "speculative-eval")
+    console.print(summary_line(metrics))
+    console.print(category_table(metrics))
+    console.print(interval_line(metrics))
+    if not metrics["lossless"]:
+        lines = "\n  ".join(unexplained(result.rows))
+        raise RuntimeError(f"SGLang's speculative output is not lossless:\n  {lines}")
 
 
 if __name__ == "__main__":

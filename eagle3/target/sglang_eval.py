@@ -1,0 +1,341 @@
+"""speculative-eval on SGLang (eval.backend: sglang): the drafter measured the way users serve it.
+
+Three servers of the target, started here (eagle3/target/sglang_launch.py) or given by URL:
+plain greedy decoding (the baseline), EAGLE-3 with the drafter under evaluation (shape from
+eval.mode / k / topk / tree_budget through eagle3/target/sglang_spec.py, the mapping `eagle3
+serve-command` prints) and SGLang's NGRAM speculation (the peer that needs no training, in the
+place of the hf backend's prompt lookup). Every prompt is rendered as the hf backend renders it
+(eagle3/data/render.py) and sent as input_ids to the three servers in turn, rotating the order
+per prompt, greedy; the first prompt warms each server up untimed.
+
+The results become the hf backend's PromptResults, so the metrics, per-category figures and
+bootstrap intervals are computed by the same code (eagle3/decoding/evaluate.py, stats.py):
+acceptance_length = 1 + correct drafts / verification steps (SGLang's histogram gives the count
+per step, not their order), tokens/s from SGLang's own end-to-end latency per request, speedup
+against the plain server, prompt_lookup_* = the NGRAM peer. A speculative output that differs
+from the plain server's is judged as the hf backend judges it (eagle3/decoding/divergence.py, on
+the HF target in the servers' dtype): losslessness is meant in float32; in bf16 differently
+batched attention rounds differently and near-ties may flip.
+
+Everything that can be refused is refused before the first request: a drafter SGLang cannot
+load as it should, eval.k past the drafter's trained TTT length, a shape SGLang cannot serve,
+an unsupported SGLang, a given server of the wrong kind or shape, a server that fails to start.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+from transformers import AutoConfig, AutoTokenizer
+
+from eagle3.data.render import render_prompt, user_turn
+from eagle3.decoding.divergence import check_divergence
+from eagle3.decoding.engine import Generation
+from eagle3.decoding.evaluate import EvalRun, PromptResult, summarize, summarize_spread
+from eagle3.decoding.prompts import Prompt
+from eagle3.device import machine
+from eagle3.drafter.export import load_drafter_config, trained_ttt_length
+from eagle3.inputs import InputError
+from eagle3.params import Params
+from eagle3.target.load import has_chat_template, load_target, resolve_target
+from eagle3.target.sglang_client import ServerPool, SGLangError
+from eagle3.target.sglang_launch import (
+    Launch,
+    LaunchError,
+    installed_version,
+    sglang_python,
+    start_servers,
+    stop_servers,
+)
+from eagle3.target.sglang_spec import (
+    EAGLE3,
+    NGRAM,
+    SpecResponse,
+    SpecShape,
+    check_server,
+    eagle3_flags,
+    eagle3_shape,
+    ngram_flags,
+    servable,
+)
+from eagle3.vocab import coverage_of
+
+PLAIN, SPEC, PEER = "plain", "eagle3", "ngram"
+WARMUP_TOKENS = 8
+# metrics of the hf backend that SGLang does not report (draft/verify split, prefill time)
+NOT_MEASURED = ("draft_ms_per_step", "verify_ms_per_step", "prefill_ms_per_prompt")
+
+
+@dataclass
+class SGLangEval:
+    metrics: dict
+    rows: list[dict]
+    tags: dict[str, str]  # MLflow tags: the engine, its version, each server's args
+
+
+def drafter_refusal(drafter_dir: Path, target_config) -> str | None:
+    """Why SGLang would not load this drafter as it was trained (some of these it loads
+    silently wrong), or None."""
+    raw = json.loads((drafter_dir / "config.json").read_text())
+    hidden = getattr(target_config, "hidden_size", None)
+    layers = getattr(target_config, "num_hidden_layers", None)
+    vocab = getattr(target_config, "vocab_size", None)
+    if raw.get("architectures") != ["LlamaForCausalLMEagle3"]:
+        return (
+            f"architectures is {raw.get('architectures')}, SGLang's EAGLE-3 drafter is LlamaForCausalLMEagle3"
+        )
+    if raw.get("tie_word_embeddings"):
+        return "tie_word_embeddings is true: SGLang would use the embedding as the drafter's lm_head"
+    if not raw.get("draft_vocab_size"):
+        return "draft_vocab_size is missing: SGLang would load the target's lm_head in place of the drafter's"
+    if not (drafter_dir / "model.safetensors").exists():
+        return "model.safetensors is missing"
+    if hidden is not None and raw.get("hidden_size") != hidden:
+        why = "SGLang shares the target's embedding"
+        return f"hidden_size {raw.get('hidden_size')} != the target's {hidden}: {why}"
+    if vocab is not None and raw.get("vocab_size") != vocab:
+        return f"vocab_size {raw.get('vocab_size')} != the target's {vocab}"
+    config = load_drafter_config(drafter_dir)
+    if layers is not None and max(config.aux_layer_ids) >= layers - 1:
+        return (
+            f"aux layers {config.aux_layer_ids}: SGLang captures layer L as the input of layer L + 1, so "
+            f"the target's last layer ({layers - 1}) cannot be one"
+        )
+    return None
+
+
+def check_inputs(params: Params, drafter_dir: Path) -> tuple[SpecShape, object]:
+    """Everything checkable before a server starts: (the EAGLE-3 shape, the target's config)."""
+    ev = params.eval
+    if ev.temperature != 0:
+        raise InputError(f"eval.temperature: {ev.temperature}: backend sglang measures greedy decoding (0)")
+    target_config = AutoConfig.from_pretrained(resolve_target(params.target.source))
+    if why := drafter_refusal(drafter_dir, target_config):
+        raise InputError(f"{drafter_dir}: SGLang cannot load this drafter as trained: {why}")
+    ttt_length = trained_ttt_length(drafter_dir, params.train.ttt_length)
+    if ev.k > ttt_length:
+        raise InputError(
+            f"eval.k: {ev.k} exceeds the drafter's trained TTT length ({ttt_length}): SGLang would serve "
+            f"draft steps {ttt_length + 1}..{ev.k} that were never trained; set eval.k <= {ttt_length}"
+        )
+    shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)
+    if why := servable(shape):
+        raise InputError(f"eval.tree_budget: {ev.tree_budget}: SGLang cannot serve this tree: {why}")
+    return shape, target_config
+
+
+def server_kinds(params: Params, drafter_dir: Path, shape: SpecShape) -> dict[str, list[str]]:
+    """{kind: SGLang flags} of the servers this evaluation needs."""
+    kinds = {PLAIN: [], SPEC: eagle3_flags(drafter_dir.resolve(), shape)}
+    if params.eval.prompt_lookup:
+        kinds[PEER] = ngram_flags(params.eval.prompt_lookup_tokens)
+    return kinds
+
+
+def checked_args(params: Params, urls: dict[str, str], pool: ServerPool, shape: SpecShape) -> dict[str, dict]:
+    """Each server's recorded args, after checking its version, kind, shape and dtype."""
+    expect = {PLAIN: (None, None, None), SPEC: (EAGLE3, shape, None)}
+    expect[PEER] = (NGRAM, None, params.eval.prompt_lookup_tokens)
+    args = {}
+    for kind, url in urls.items():
+        algorithm, spec_shape, draft_tokens = expect[kind]
+        args[kind] = check_server(url, pool.server_info(url), algorithm, spec_shape, draft_tokens)
+    dtypes = {kind: a["dtype"] for kind, a in args.items()}
+    wanted = params.eval.dtype
+    if len(set(dtypes.values())) > 1 or (wanted != "auto" and dtypes[PLAIN] != wanted):
+        raise InputError(
+            f"the servers run dtypes {dtypes}; eval.dtype is {wanted}: the three must run one dtype"
+        )
+    return args
+
+
+def _request(pool: ServerPool, url: str, ids: list[int], max_new_tokens: int) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+    try:
+        return pool.generate(url, body)
+    except SGLangError as err:
+        raise SGLangError(f"SGLang server gone or failing mid-run: {err}") from None
+
+
+def decode_all(
+    pool: ServerPool,
+    urls: dict[str, str],
+    batch: list[tuple[str, list[int]]],
+    max_new_tokens: int,
+    on_prompt: Callable[[str], None] | None = None,
+) -> list[dict[str, SpecResponse]]:
+    """Every prompt on every server, interleaved and rotated; the first prompt warms them up."""
+    kinds = list(urls)
+    if batch:
+        for url in urls.values():
+            _request(pool, url, batch[0][1], WARMUP_TOKENS)
+    out = []
+    for i, (pid, ids) in enumerate(batch):
+        shift = i % len(kinds)
+        responses = {}
+        for kind in kinds[shift:] + kinds[:shift]:
+            response = _request(pool, urls[kind], ids, max_new_tokens)
+            responses[kind] = SpecResponse.parse(urls[kind], response, speculative=kind != PLAIN)
+        out.append(responses)
+        if on_prompt is not None:
+            on_prompt(pid)
+    return out
+
+
+def _generation(r: SpecResponse) -> Generation:
+    accepted = r.accepted()
+    return Generation(tokens=r.output_ids, seconds=r.seconds, accepted=accepted, drafter_accepted=accepted)
+
+
+def _row(result: PromptResult, category: str, responses: dict[str, SpecResponse]) -> dict:
+    """The deterministic part of one prompt's results (no timings)."""
+    spec = responses[SPEC]
+    row = {
+        "id": result.id,
+        "category": category,
+        "prompt_tokens": result.prompt_tokens,
+        "new_tokens": len(spec.output_ids),
+        "baseline_new_tokens": len(result.baseline.tokens),
+        "greedy_match": result.match,
+        "steps": spec.verify_steps,
+        "correct_drafts_histogram": spec.histogram,
+        "spec_tokens": spec.output_ids,
+    }
+    if not result.match:
+        row["baseline_tokens"] = result.baseline.tokens
+    if PEER in responses:
+        peer = responses[PEER]
+        row["ngram_match"] = peer.output_ids == result.baseline.tokens
+        row["ngram_steps"] = peer.verify_steps
+        row["ngram_correct_drafts_histogram"] = peer.histogram
+    if result.divergence is not None:
+        row["divergence"] = result.divergence.as_dict()
+    return row
+
+
+def _ngram_acceptance(responses: list[dict[str, SpecResponse]]) -> float:
+    steps = sum(r[PEER].verify_steps for r in responses)
+    return 1 + sum(r[PEER].correct_drafts for r in responses) / steps if steps else 0.0
+
+
+def _judge_divergences(params: Params, run: EvalRun, batch: list, dtype: str, block: int) -> None:
+    """The hf backend's divergence check on the HF target in the servers' dtype (loaded only
+    when some output differs)."""
+    differing = [(r, ids) for r, (_, ids) in zip(run.results, batch, strict=True) if not r.match]
+    if not differing:
+        return
+    hf_dtype = dtype if dtype in ("float32", "bfloat16", "float64") else "float32"
+    model = load_target(params.target.model_copy(update={"dtype": hf_dtype}), job="decode").model
+    for result, ids in differing:
+        result.divergence = check_divergence(model, ids, result.baseline.tokens, result.spec.tokens, block)
+
+
+def evaluate_on_sglang(
+    params: Params,
+    prompts: list[Prompt],
+    drafter_dir: Path,
+    on_prompt: Callable[[str], None] | None = None,
+    log_dir: Path | None = None,
+) -> SGLangEval:
+    """The whole evaluation; servers started here write their logs to `log_dir` (default: a new
+    temporary folder, named in any error about them) and are always stopped."""
+    ev = params.eval
+    shape, _ = check_inputs(params, drafter_dir)
+    path = resolve_target(params.target.source)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    chat = has_chat_template(params.target.source)
+    batch = [(p.id, render_prompt(tokenizer, user_turn(p.text), chat).tolist()) for p in prompts]
+    kinds = server_kinds(params, drafter_dir, shape)
+    given = {PLAIN: ev.sglang_url, SPEC: ev.sglang_eagle3_url, PEER: ev.sglang_ngram_url}
+    servers = {}
+    try:
+        if ev.sglang_url:
+            urls = {kind: given[kind] for kind in kinds}
+            where = "SGLang servers at " + ", ".join(sorted(set(urls.values())))
+        else:
+            python = sglang_python(ev.sglang_python)
+            installed_version(python)
+            logs = log_dir or Path(tempfile.mkdtemp(prefix="eagle3-sglang-"))
+            launch = Launch(python, ev.sglang_launch, ev.sglang_tp, ev.dtype, logs)
+            try:
+                servers = start_servers(launch, path, kinds)
+            except LaunchError as err:
+                if f"SGLang {SPEC} server exited" in str(err):
+                    raise LaunchError(f"SGLang refused the drafter {drafter_dir}: {err}") from None
+                raise
+            urls = {kind: server.url for kind, server in servers.items()}
+            where = (
+                machine()
+                if ev.sglang_launch == "cpu"
+                else f"{machine()} (host), SGLang on GPUs, tp {ev.sglang_tp}"
+            )
+        pool = ServerPool(list(urls.values()), timeout_s=3600)
+        args = checked_args(params, urls, pool, shape)
+        responses = decode_all(pool, urls, batch, ev.max_new_tokens, on_prompt)
+    finally:
+        stop_servers(servers)
+
+    run = EvalRun()
+    for (pid, ids), r in zip(batch, responses, strict=True):
+        peer = _generation(r[PEER]) if PEER in r else None
+        run.results.append(PromptResult(pid, len(ids), _generation(r[PLAIN]), _generation(r[SPEC]), peer))
+    dtype = str(args[PLAIN]["dtype"])
+    _judge_divergences(params, run, batch, dtype, shape.num_steps + 1)
+    categories = [p.category for p in prompts]
+    metrics = summarize(run, shape.num_steps, True) | summarize_spread(
+        run, categories, shape.num_steps, ev.seed
+    )
+    for key in NOT_MEASURED:
+        metrics.pop(key, None)
+    version = args[PLAIN]["version"]
+    metrics |= {
+        "backend": "sglang",
+        "engine": f"sglang {version}",
+        "peer": "sglang NGRAM" if PEER in urls else None,
+        "dtype": dtype,
+        "drafter_dtype": str(args[SPEC]["dtype"]),  # SGLang runs the drafter in the server's dtype
+        "machine": where,
+        "sglang_args": args,
+    }
+    if PEER in urls:
+        metrics["ngram_acceptance_length"] = _ngram_acceptance(responses)
+    with safe_open(drafter_dir / "model.safetensors", "pt") as f:
+        t2d = f.get_tensor("t2d")
+    metrics["eval_coverage"] = round(coverage_of([t for r in run.results for t in r.baseline.tokens], t2d), 6)
+    rows = [_row(res, c, r) for res, c, r in zip(run.results, categories, responses, strict=True)]
+    tags = {"eval.backend": "sglang", "eval.engine": f"sglang {version}", "eval.machine": where}
+    tags |= {f"eval.sglang_{kind}_args": json.dumps(a, sort_keys=True) for kind, a in args.items()}
+    return SGLangEval(metrics, rows, tags)
+
+
+def summary_line(metrics: dict) -> str:
+    m = metrics
+    line = (
+        f"SGLang ({m['engine']}, {m['dtype']}): acceptance length {m['acceptance_length']:.2f}, "
+        f"{metrics['tokens_per_s']:.2f} tok/s vs {metrics['baseline_tokens_per_s']:.2f} plain: speedup "
+        f"{metrics['speedup']:.2f}x"
+    )
+    if "prompt_lookup_speedup" in metrics:
+        peer = (
+            f"NGRAM {m['prompt_lookup_speedup']:.2f}x, acceptance length {m['ngram_acceptance_length']:.2f}"
+        )
+        line += f" ({peer})"
+    return line + (
+        f"; greedy_match {metrics['greedy_match']:.2f}, {metrics['divergences']} divergence(s), "
+        f"lossless: {metrics['lossless']}"
+    )
+
+
+def unexplained(rows: list[dict]) -> list[str]:
+    """One line per divergence that rounding does not explain, as the hf backend reports them."""
+    return [
+        f"prompt {row['id']}: token {d['index']}: plain {d['baseline_token']} vs EAGLE-3 {d['spec_token']}, "
+        f"logit gap {d['gap']:.4g} > rounding tolerance {d['tolerance']:.4g}"
+        for row in rows
+        if (d := row.get("divergence")) and not d["explained"]
+    ]
