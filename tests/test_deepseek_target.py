@@ -28,6 +28,7 @@ from transformers import AutoConfig, DeepseekV3Config, LlamaConfig
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE, DeepseekV3RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter
 from eagle3.params import TargetParams, default_aux_layers
 from eagle3.target.capture import Captured
@@ -113,6 +114,23 @@ def test_patch_check_catches_a_capture_one_layer_off(targets, form):
     target = load_target(target_params(targets[form]))
     with pytest.raises(PatchCheckError, match=r"aux layer 1 differs from the reference hidden_states\[2\]"):
         run_patch_check(target, [1, 3, 4], capture=capture_layer_inputs)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_speculative_decoding_is_lossless_on_moe_and_mla(targets, form):
+    """Chain and tree (with a lookup branch) verification through MLA's cache and MoE routing give
+    plain greedy's tokens. float32: transformers' grouped-mm MoE experts refuse float64."""
+    target = load_target(target_params(targets[form]))
+    cfg = DrafterConfig.from_target_config(target.config, KIMI_VOCAB, default_aux_layers(target.num_layers))
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(cfg, target.model.get_input_embeddings().weight).eval()
+    prompt = target.tokenizer("Kimi drafts, DeepSeek verifies, and the answer stays the same.").input_ids
+    greedy = greedy_decode(target.model, prompt, 12, frozenset())
+    for mode, lookup in (("chain", 0), ("tree", 2)):
+        engine = SpecEngine.for_target(
+            target, drafter, mode=mode, k=2, topk=4, tree_budget=6, lookup_tokens=lookup
+        )
+        assert engine.generate(prompt, 12, frozenset()).tokens == greedy.tokens
 
 
 # -- SGLang's aux-layer ids for DeepSeek / Kimi ----------------------------------------------------

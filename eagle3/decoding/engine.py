@@ -137,7 +137,8 @@ class SpecEngine:
             )
         if temperature < 0:
             raise ValueError(f"eval.temperature must be >= 0 (got {temperature})")
-        if why := drafter.cfg.mismatch(model.config.vocab_size, len(decoder_layers)):
+        # get_text_config: a multimodal wrapper (Kimi-K2.5) keeps the vocabulary in text_config
+        if why := drafter.cfg.mismatch(model.config.get_text_config().vocab_size, len(decoder_layers)):
             raise ValueError(f"the drafter was {why}")
         self.model, self.drafter = model, drafter
         self.target = TargetRunner(model)
