@@ -37,6 +37,7 @@ from eagle3.train.checkpoint import (
 from eagle3.train.data import Batch, BatchSource, split_samples, target_in_draft
 from eagle3.train.distributed import all_reduce, barrier, device_of, init_distributed
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
+from eagle3.train.simulate import SHAPES, accepted_lengths
 from eagle3.train.ttt import TTTModel, acceptance_length, flops_per_token_step, step_valid
 from eagle3.vocab import draft_to_target_ids, target_to_draft_slots
 
@@ -278,16 +279,24 @@ class TrainRecipe:
         p, source = self.p, self.held_src
         acc = _Accumulator(p.ttt_length)
         lengths = []
+        # the eval's draft shapes, as deep as the drafter was trained (train/simulate.py)
+        shapes = tuple(s for s in SHAPES if s.depth <= p.ttt_length)
+        simulated: dict[str, list[torch.Tensor]] = {s.name: [] for s in shapes}
         for rows in source.fixed_batches(p.batch_size):
             batch = _to_device(source.batch(rows, None if self.autocast else self.master), self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 _, stats, hits = self.model(batch, chains=True)
+                for name, lengths_of_shape in accepted_lengths(self.model, batch, shapes).items():
+                    simulated[name].append(lengths_of_shape.cpu())
             acc.add(stats.as_tensor())
             if hits is not None and len(hits):
                 lengths.append(acceptance_length(hits))
         out = acc.summary()
         alen = torch.cat(lengths).double() if lengths else torch.ones(1, dtype=torch.float64)
         out["acceptance_length"] = float(alen.mean())
+        out["sim_acceptance"] = {
+            name: float(torch.cat(v).double().mean()) for name, v in simulated.items() if v
+        }
         # share of chains that reach each depth: the per-position acceptance of a greedy chain
         out["chain_survival"] = [float((alen > k + 1).double().mean()) for k in range(p.ttt_length)]
         return out

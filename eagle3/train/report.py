@@ -27,6 +27,8 @@ def stage_metrics(outcome: TrainOutcome) -> dict:
         "chance_acc": m["chance_acc"],
         "heldout": per_position(m["heldout"]),
         "train": per_position(m["train"]),
+        # the eval's draft shapes simulated on held-out features (train/simulate.py)
+        "sim_shapes": {name: round(v, 4) for name, v in m["heldout"].get("sim_acceptance", {}).items()},
         "chain_survival": {
             f"depth_{k + 1}": round(s, 6) for k, s in enumerate(m["heldout"]["chain_survival"])
         },
@@ -45,8 +47,14 @@ def stage_metrics(outcome: TrainOutcome) -> dict:
     return metrics
 
 
+def _key(shape_name: str) -> str:
+    """An MLflow-safe metric name of a shape: "tree 2/4/6" -> "tree_2_4_6"."""
+    return shape_name.replace(" ", "_").replace("/", "_")
+
+
 def write_plots(outcome: TrainOutcome, folder: Path) -> None:
-    """train_curve.csv (per step) and train_acc_by_position.csv (per TTT position)."""
+    """train_curve.csv (per step), train_acc_by_position.csv (per TTT position) and
+    sim_acceptance.csv (per epoch and draft shape: the simulated acceptance curve)."""
     held, train = outcome.metrics["heldout"], outcome.metrics["train"]
     positions = range(len(held["acc"]))
     keys = ["step", "epoch", "lr", "loss"] + [f"acc_{k}" for k in positions]
@@ -56,6 +64,12 @@ def write_plots(outcome: TrainOutcome, folder: Path) -> None:
         ["ttt_position", "heldout_acc", "train_acc", "heldout_loss"],
         [[k, held["acc"][k], train["acc"][k], held["loss"][k]] for k in positions],
     )
+    rows = [
+        [epoch["epoch"], name, round(length, 4)]
+        for epoch in outcome.epochs
+        for name, length in epoch["heldout"].get("sim_acceptance", {}).items()
+    ]
+    write_csv(folder / "sim_acceptance.csv", ["epoch", "shape", "acceptance_length"], rows)
 
 
 def summary_line(metrics: dict, out: Path) -> str:
@@ -81,6 +95,7 @@ class RunLogger:
     def on_epoch(self, result: dict) -> None:
         held = result["heldout"]
         metrics = {"heldout.acceptance_length": held["acceptance_length"]}
+        metrics |= {f"sim.{_key(name)}": v for name, v in held.get("sim_acceptance", {}).items()}
         metrics |= {f"heldout.{k}": v for k, v in per_position(held).items()}
         self.run.log_metrics(metrics, step=result["epoch"])
 
