@@ -319,7 +319,12 @@ class TrainRecipe:
                 "data; train.init: null trains from scratch, train.init_min_acc: 0 fine-tunes it anyway"
             )
         Console(stderr=True).print(f"[bold]train:[/] {escape(line)}", soft_wrap=True)
-        return {"heldout_acc_0": acc, "acceptance_length": length, "recorded_heldout_acc_0": recorded}
+        return {
+            "heldout_acc_0": acc,
+            "acceptance_length": length,
+            "recorded_heldout_acc_0": recorded,
+            "sim_acceptance": held["sim_acceptance"],
+        }
 
     def _outcome(self) -> TrainOutcome:
         seconds = time.perf_counter() - self._started

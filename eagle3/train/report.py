@@ -44,6 +44,8 @@ def stage_metrics(outcome: TrainOutcome) -> dict:
     if m.get("init"):  # warm start: the drafter as it was, before training (train/loop.py check_init)
         metrics["init_heldout_acc_0"] = round(m["init"]["heldout_acc_0"], 6)
         metrics["init_sim_acceptance_length"] = round(m["init"]["acceptance_length"], 4)
+        init_shapes = m["init"].get("sim_acceptance", {})
+        metrics["init_sim_shapes"] = {name: round(v, 4) for name, v in init_shapes.items()}
     return metrics
 
 
