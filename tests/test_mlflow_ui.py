@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from background import end_processes, project_env, session_members, start_detached
+from background import end_processes, project_env, run_detached, session_members, start_detached
 
 from eagle3.params import load_params
 from eagle3.tracking import pipeline_run
@@ -98,7 +97,10 @@ def test_ui_serves_the_runs_over_rest_and_in_a_browser(server, tmp_path):
     page = f"{server}/#/experiments/{experiment_id}/runs"
     dom = ""
     for budget_ms in (10_000, 30_000):
-        dom = subprocess.run(
+        # the DOM to a file, in its own session: Chromium's helpers (crashpad handler, zygote)
+        # may outlive the browser holding its output, and are ended by pid
+        out = tmp_path / f"dom-{budget_ms}.html"
+        browser = run_detached(
             [
                 CHROMIUM,
                 "--headless",
@@ -110,10 +112,12 @@ def test_ui_serves_the_runs_over_rest_and_in_a_browser(server, tmp_path):
                 "--dump-dom",
                 page,
             ],
-            capture_output=True,
-            text=True,
+            tmp_path,
+            out,
             timeout=180,
-        ).stdout
+        )
+        assert end_processes(session_members(browser.pid)) == []
+        dom = out.read_text(errors="replace")
         if all(name in dom for name in RUNS):
             break
     missing = [name for name in RUNS if name not in dom]

@@ -45,6 +45,7 @@ from eagle3.target.sglang_rows import PartialPrefillError, parse_rows, prefill_b
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 REPO = Path(__file__).resolve().parents[1]
+STAGE_TIMEOUT_S = 900  # a tiny stage against the replay servers takes seconds
 AUX = [1, 14, 26]
 H = 576
 NAMES = [f"layer_{layer}" for layer in AUX]
@@ -542,7 +543,12 @@ def stage_runner(tmp_path: Path, raw: dict):
 
     def stage(name: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", f"stages.{name}"], cwd=project, env=env, capture_output=True, text=True
+            [sys.executable, "-m", f"stages.{name}"],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STAGE_TIMEOUT_S,
         )
 
     return project, stage
@@ -648,6 +654,7 @@ def test_serve_command_matches_the_eval_params(tmp_path):
         capture_output=True,
         text=True,
         cwd=REPO,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     sglang = next(
@@ -682,6 +689,7 @@ def test_serve_command_matches_the_eval_params(tmp_path):
         capture_output=True,
         text=True,
         cwd=REPO,
+        timeout=120,
     )
     assert missing.returncode == 2 and "config.json is missing" in missing.stderr
 

@@ -77,7 +77,12 @@ def _sglang_python() -> tuple[str | None, str]:
 
 
 SGLANG_PYTHON, WHY_SKIPPED = _sglang_python()
-pytestmark = pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED)
+# Past the suite's 15-minute default: a test here may wait for a server start (STARTUP_TIMEOUT_S)
+# and two stage runs (STAGE_TIMEOUT_S each) before it fails on its own.
+pytestmark = [
+    pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED),
+    pytest.mark.timeout(STARTUP_TIMEOUT_S + 2 * STAGE_TIMEOUT_S),
+]
 
 # The launch that works on a CPU (tools/sglang_cpu/README.md), plus --sleep-on-idle: without it
 # an idle SGLang scheduler spins one core at ~100%, half of a 2-core machine, which the stages'
