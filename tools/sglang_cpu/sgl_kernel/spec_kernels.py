@@ -25,6 +25,7 @@ import ctypes
 import sys
 
 import torch
+import torch.nn.functional as F
 
 _SEEN: set[str] = set()
 # Padded attention scores above this many fp32 elements are computed in groups of requests.
@@ -53,18 +54,22 @@ def _scaled(x: torch.Tensor, scale) -> torch.Tensor:
 def _attend(q, k, v, visible, sm_scale: float, logit_cap: float) -> torch.Tensor:
     """Masked attention of padded requests in fp32: q [B, Lq, H, D], k [B, Lk, Hk, D],
     v [B, Lk, Hk, Dv], visible [B, Lq, Lk] (True = attend) -> [B, Lq, H, Dv]. Query head h reads
-    KV head h // (H / Hk), as SGLang's kernels do. Rows with nothing visible come back NaN."""
+    KV head h // (H / Hk), as SGLang's kernels do. Rows with nothing visible come back NaN.
+    One fused scaled_dot_product_attention call (GQA included) unless logits are capped."""
     b, lq, h, d = q.shape
     hk = k.shape[2]
-    qf = q.float().view(b, lq, hk, h // hk, d).permute(0, 2, 3, 1, 4)  # B, Hk, G, Lq, D
-    kf = k.float().permute(0, 2, 3, 1).unsqueeze(2)  # B, Hk, 1, D, Lk
-    vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)  # B, Hk, 1, Lk, Dv
-    scores = torch.matmul(qf, kf) * sm_scale
-    if logit_cap and logit_cap > 0:
-        scores = logit_cap * torch.tanh(scores / logit_cap)
+    qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))  # B, heads, L, D
+    if not logit_cap or logit_cap <= 0:
+        out = F.scaled_dot_product_attention(
+            qf, kf, vf, attn_mask=visible[:, None], scale=sm_scale, enable_gqa=h != hk
+        )
+        return out.transpose(1, 2)
+    qf = qf.reshape(b, hk, h // hk, lq, d)  # B, Hk, G, Lq, D
+    scores = torch.matmul(qf, kf.transpose(-1, -2).unsqueeze(2)) * sm_scale
+    scores = logit_cap * torch.tanh(scores / logit_cap)
     scores.masked_fill_(~visible[:, None, None], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vf)  # B, Hk, G, Lq, Dv
-    return out.permute(0, 3, 1, 2, 4).reshape(b, lq, h, -1)
+    out = torch.matmul(torch.softmax(scores, dim=-1), vf.unsqueeze(2))  # B, Hk, G, Lq, Dv
+    return out.reshape(b, h, lq, -1).transpose(1, 2)
 
 
 def decode_attention_cpu(
@@ -129,11 +134,10 @@ def _extend_group(
     k, v = k_buffer[slots], v_buffer[slots]
     rel = kc - prefix[:, None]  # key position relative to the first new token, B, Lk
     if k_extend is not None and v_extend is not None:
-        # the new tokens' keys come from this forward, not from the cache
-        new = k_valid & (rel >= 0)
-        src = (starts[:, None] + rel).masked_fill(~new, 0)
-        k = torch.where(new[..., None, None], k_extend.reshape(-1, k.shape[2], d)[src].to(k.dtype), k)
-        v = torch.where(new[..., None, None], v_extend.reshape(-1, v.shape[2], dv)[src].to(v.dtype), v)
+        # the new tokens' keys come from this forward, not from the cache: put them in place
+        req, j = q_valid.nonzero(as_tuple=True)
+        k[req, prefix[req] + j] = k_extend.reshape(-1, k.shape[2], d)[starts[req] + j].to(k.dtype)
+        v[req, prefix[req] + j] = v_extend.reshape(-1, v.shape[2], dv)[starts[req] + j].to(v.dtype)
     rel3 = rel[:, None, :]  # B, 1, Lk
     q3 = qi[None, :, None]  # 1, Lq, 1
     if mask_flat is not None:
