@@ -76,11 +76,16 @@ def live_workers(root: Path) -> list[int]:
 def queue_is_idle(root: Path) -> bool:
     """No experiment queued or running in `root`'s DVC queue (read from its files, as
     `dvc queue status` does)."""
-    from dvc.repo import Repo  # noqa: PLC0415 - slow import, only needed when a worker is alive
+    from dvc.exceptions import DvcException  # noqa: PLC0415 - slow import, needed only when a worker is alive
+    from dvc.repo import Repo  # noqa: PLC0415
 
-    with Repo(str(root)) as repo:
-        queue = repo.experiments.celery_queue
-        return next(iter(queue.iter_queued()), None) is None and next(iter(queue.iter_active()), None) is None
+    try:
+        with Repo(str(root)) as repo:
+            queue = repo.experiments.celery_queue
+            queued = next(iter(queue.iter_queued()), None)
+            return queued is None and next(iter(queue.iter_active()), None) is None
+    except (DvcException, OSError):
+        return False  # no queue to read (e.g. a project without git): nothing to warn about
 
 
 def leftover_worker_warning(start: str | Path = ".") -> str | None:
