@@ -61,7 +61,7 @@ def main() -> None:
         if params.extract.backend == "sglang":
             report = sglang_report(params)
         else:
-            config = load_target_config(params.target)
+            config = load_target_config(params.target).get_text_config()  # Kimi-K2.5 nests it
             aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
             report = run_patch_check(load_target(pinned(params, "prefill").target), aux_layers)
         write_json(OUT / "report.json", report)
