@@ -51,6 +51,7 @@ from eagle3.target.sglang_launch import (
     sglang_python,
     start_servers,
     stop_servers,
+    terminated_as_exit,
 )
 from eagle3.target.sglang_spec import (
     EAGLE3,
@@ -253,32 +254,33 @@ def evaluate_on_sglang(
     kinds = server_kinds(params, drafter_dir, shape)
     given = {PLAIN: ev.sglang_url, SPEC: ev.sglang_eagle3_url, PEER: ev.sglang_ngram_url}
     servers = {}
-    try:
-        if ev.sglang_url:
-            urls = {kind: given[kind] for kind in kinds}
-            where = "SGLang servers at " + ", ".join(sorted(set(urls.values())))
-        else:
-            python = sglang_python(ev.sglang_python)
-            installed_version(python)
-            logs = log_dir or Path(tempfile.mkdtemp(prefix="eagle3-sglang-"))
-            launch = Launch(python, ev.sglang_launch, ev.sglang_tp, ev.dtype, logs)
-            try:
-                servers = start_servers(launch, path, kinds)
-            except LaunchError as err:
-                if f"SGLang {SPEC} server exited" in str(err):
-                    raise LaunchError(f"SGLang refused the drafter {drafter_dir}: {err}") from None
-                raise
-            urls = {kind: server.url for kind, server in servers.items()}
-            where = (
-                machine()
-                if ev.sglang_launch == "cpu"
-                else f"{machine()} (host), SGLang on GPUs, tp {ev.sglang_tp}"
-            )
-        pool = ServerPool(list(urls.values()), timeout_s=3600)
-        args = checked_args(params, urls, pool, shape)
-        responses = decode_all(pool, urls, batch, ev.max_new_tokens, on_prompt)
-    finally:
-        stop_servers(servers)
+    with terminated_as_exit():
+        try:
+            if ev.sglang_url:
+                urls = {kind: given[kind] for kind in kinds}
+                where = "SGLang servers at " + ", ".join(sorted(set(urls.values())))
+            else:
+                python = sglang_python(ev.sglang_python)
+                installed_version(python)
+                logs = log_dir or Path(tempfile.mkdtemp(prefix="eagle3-sglang-"))
+                launch = Launch(python, ev.sglang_launch, ev.sglang_tp, ev.dtype, logs)
+                try:
+                    servers = start_servers(launch, path, kinds)
+                except LaunchError as err:
+                    if f"SGLang {SPEC} server exited" in str(err):
+                        raise LaunchError(f"SGLang refused the drafter {drafter_dir}: {err}") from None
+                    raise
+                urls = {kind: server.url for kind, server in servers.items()}
+                where = (
+                    machine()
+                    if ev.sglang_launch == "cpu"
+                    else f"{machine()} (host), SGLang on GPUs, tp {ev.sglang_tp}"
+                )
+            pool = ServerPool(list(urls.values()), timeout_s=3600)
+            args = checked_args(params, urls, pool, shape)
+            responses = decode_all(pool, urls, batch, ev.max_new_tokens, on_prompt)
+        finally:
+            stop_servers(servers)
 
     run = EvalRun()
     for (pid, ids), r in zip(batch, responses, strict=True):

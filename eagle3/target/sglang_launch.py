@@ -18,6 +18,8 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,3 +205,23 @@ def start_servers(
 def stop_servers(servers: dict[str, Server]) -> None:
     for server in servers.values():
         server.stop()
+
+
+@contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM (`dvc queue kill`, a killed job) raises SystemExit inside, so that the servers
+    started there are stopped by their `finally`: they run in sessions of their own and would
+    outlive this process otherwise."""
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _exit)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
