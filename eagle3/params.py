@@ -251,7 +251,7 @@ class EvalParams(Section):
     max_new_tokens: int = Field(default=128, ge=1)
     # tree by default: on a CPU a 9- to 13-token verification of a 135M target costs ~1.2-1.4x a
     # one-token step (oneDNN-packed float32), so trying the drafter's top-k at once and a
-    # prompt-lookup branch pays (python -m bench.trees; README "Results").
+    # prompt-lookup branch pays (python -m bench.trees; docs/results.md).
     mode: Literal["chain", "tree"] = "tree"
     # Chain: tokens drafted per step. Tree: depth of the draft tree (<= train.ttt_length).
     k: int = Field(default=1, ge=1, le=32)
