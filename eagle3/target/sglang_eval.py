@@ -17,6 +17,16 @@ from the plain server's is judged as the hf backend judges it (eagle3/decoding/d
 the HF target in the servers' dtype): losslessness is meant in float32; in bf16 differently
 batched attention rounds differently and near-ties may flip.
 
+On GPUs (eval.sglang_launch: gpu) the params are the same and only the launch differs: SGLang's
+own sgl_kernel and default attention backend, no launcher override, `--tp eval.sglang_tp`:
+  python -m sglang.launch_server --model-path TARGET --tp TP --dtype DTYPE --host 127.0.0.1
+      --port P --skip-server-warmup --sleep-on-idle --disable-radix-cache [--trust-remote-code]
+      [--speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFTER <shape flags> |
+       --speculative-algorithm NGRAM --speculative-num-draft-tokens N]
+For Kimi-K2.5 (eval.sglang_tp 8, target.trust_remote_code) the three servers need 8 GPUs each:
+start them on three nodes and give their URLs (eval.sglang_url, sglang_eagle3_url,
+sglang_ngram_url), or set eval.prompt_lookup false to drop the NGRAM peer.
+
 Everything that can be refused is refused before the first request: a drafter SGLang cannot
 load as it should, eval.k past the drafter's trained TTT length, a shape SGLang cannot serve,
 an unsupported SGLang, a given server of the wrong kind or shape, a server that fails to start.
@@ -115,7 +125,8 @@ def check_inputs(params: Params, drafter_dir: Path) -> tuple[SpecShape, object]:
     ev = params.eval
     if ev.temperature != 0:
         raise InputError(f"eval.temperature: {ev.temperature}: backend sglang measures greedy decoding (0)")
-    target_config = AutoConfig.from_pretrained(resolve_target(params.target.source))
+    remote = params.target.trust_remote_code
+    target_config = AutoConfig.from_pretrained(resolve_target(params.target.source), trust_remote_code=remote)
     if why := drafter_refusal(drafter_dir, target_config):
         raise InputError(f"{drafter_dir}: SGLang cannot load this drafter as trained: {why}")
     ttt_length = trained_ttt_length(drafter_dir, params.train.ttt_length)
@@ -132,9 +143,10 @@ def check_inputs(params: Params, drafter_dir: Path) -> tuple[SpecShape, object]:
 
 def server_kinds(params: Params, drafter_dir: Path, shape: SpecShape) -> dict[str, list[str]]:
     """{kind: SGLang flags} of the servers this evaluation needs."""
-    kinds = {PLAIN: [], SPEC: eagle3_flags(drafter_dir.resolve(), shape)}
+    common = ["--trust-remote-code"] if params.target.trust_remote_code else []
+    kinds = {PLAIN: common, SPEC: common + eagle3_flags(drafter_dir.resolve(), shape)}
     if params.eval.prompt_lookup:
-        kinds[PEER] = ngram_flags(params.eval.prompt_lookup_tokens)
+        kinds[PEER] = common + ngram_flags(params.eval.prompt_lookup_tokens)
     return kinds
 
 
@@ -248,7 +260,7 @@ def evaluate_on_sglang(
     ev = params.eval
     shape, _ = check_inputs(params, drafter_dir)
     path = resolve_target(params.target.source)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=params.target.trust_remote_code)
     chat = has_chat_template(params.target.source)
     batch = [(p.id, render_prompt(tokenizer, user_turn(p.text), chat).tolist()) for p in prompts]
     kinds = server_kinds(params, drafter_dir, shape)
