@@ -119,11 +119,11 @@ def test_patch_check_catches_a_capture_one_layer_off(targets, form):
 @pytest.mark.parametrize("form", FORMS)
 def test_speculative_decoding_is_lossless_on_moe_and_mla(targets, form):
     """Chain and tree (with a lookup branch) verification through MLA's cache and MoE routing give
-    plain greedy's tokens. float32: transformers' grouped-mm MoE experts refuse float64."""
-    target = load_target(target_params(targets[form]))
+    plain greedy's tokens, in float64 (the loader then runs the MoE experts one by one)."""
+    target = load_target(TargetParams(source=str(targets[form]), dtype="float64"))
     cfg = DrafterConfig.from_target_config(target.config, KIMI_VOCAB, default_aux_layers(target.num_layers))
     torch.manual_seed(0)
-    drafter = Eagle3Drafter(cfg, target.model.get_input_embeddings().weight).eval()
+    drafter = Eagle3Drafter(cfg, target.model.get_input_embeddings().weight).double().eval()
     prompt = target.tokenizer("Kimi drafts, DeepSeek verifies, and the answer stays the same.").input_ids
     greedy = greedy_decode(target.model, prompt, 12, frozenset())
     for mode, lookup in (("chain", 0), ("tree", 2)):

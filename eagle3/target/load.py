@@ -305,8 +305,11 @@ def load_target(params: TargetParams, job: Job = "prefill") -> Target:
     remote = params.trust_remote_code
     config = _config(path, remote)
     dtype = resolve_dtype(params.dtype, job, Shape.of(config))
+    # MoE targets: transformers' default grouped-mm experts kernel refuses float64, its per-expert
+    # loop does not (other models ignore the switch)
+    experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
     try:
-        model = _model_class(config).from_pretrained(path, dtype=dtype, trust_remote_code=remote)
+        model = _model_class(config).from_pretrained(path, dtype=dtype, trust_remote_code=remote, **experts)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
     except (OSError, ValueError, KeyError, SafetensorError) as err:  # no weights, truncated weights, ...
         raise _unloadable(path, err) from None
