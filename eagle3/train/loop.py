@@ -99,18 +99,26 @@ class TrainRecipe:
                 f"({self.dist.world})"
             )
         _seed_everything(self.p.seed)
-        self._setup_data()
-        self._setup_model()
+        self.init_check = None
+        if self.inputs.init is not None:  # the fit check first: it needs the held-out split only
+            self._setup_data(heldout_only=True)
+            self._setup_model()
+            # on the init weights, before a checkpoint is loaded: the same figure on a resume
+            self.init_check = self.check_init() if self.dist.main else None
+            self._setup_data()  # the target's argmax over all training data: the expensive part
+        else:
+            self._setup_data()
+            self._setup_model()
         self._setup_optimizer()
-        # measured on the init weights, before a checkpoint is loaded: the same figure on a resume
-        self.init_check = self.check_init() if self.inputs.init is not None and self.dist.main else None
         self.load_checkpoint()
 
-    def _setup_data(self) -> None:
+    def _setup_data(self, heldout_only: bool = False) -> None:
         p, store = self.p, self.inputs.store
         train_ids, held_ids = split_samples(len(store), p.heldout_fraction, p.seed)
         if p.max_samples is not None:  # a data-size curve: same held-out set, fewer training samples
             train_ids = train_ids[: p.max_samples]
+        if heldout_only:
+            train_ids = []
         in_draft = target_in_draft(store, train_ids + held_ids, self.inputs.head, self.inputs.t2d)
         self.train_src = BatchSource(store, train_ids, in_draft, p.seq_len)
         self.held_src = BatchSource(store, held_ids, in_draft, p.seq_len)
