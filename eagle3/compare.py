@@ -50,7 +50,6 @@ def _size(e: Experiment) -> str:
 
 
 QUALITY: list[tuple[str, Callable[[Experiment], str]]] = [
-    ("eval\nbackend", lambda e: e.backend),
     ("vocab\nsize", _size),
     ("coverage", lambda e: _num(e.number("coverage"), ".4f")),
     ("lm_head\nparams", lambda e: _params_count(e.number("lm_head_params"))),
@@ -82,7 +81,7 @@ def _table(title: str, columns: list, experiments: list[Experiment], extra: Call
     for label, _ in columns:
         table.add_column(label, justify="right", overflow="fold")
     for e in experiments:
-        cells = [e.name] + ([extra(e)] if extra is not None else []) + [get(e) for _, get in columns]
+        cells = [e.label] + ([extra(e)] if extra is not None else []) + [get(e) for _, get in columns]
         table.add_row(*cells)
     return table
 

@@ -45,6 +45,11 @@ class Experiment:
         return str(self.params.get("eval.backend") or "hf")
 
     @property
+    def label(self) -> str:
+        """The row's name, with the eval backend when it is not this project's own engine."""
+        return self.name if self.backend == "hf" else f"{self.name} [{self.backend}]"
+
+    @property
     def draft_vocab_size(self) -> int | None:
         """The size actually used: vocab.size above the target's vocabulary becomes the full one."""
         size = self.number("draft_vocab_size")

@@ -23,8 +23,7 @@ PLOTS = (
     ("speedup", "speedup vs plain greedy", "Speedup (95% CI over prompts)"),
 )
 TABLE = (
-    ("experiment", lambda e: e.name),
-    ("eval backend", lambda e: e.backend),
+    ("experiment", lambda e: e.label),
     ("size", lambda e: str(e.draft_vocab_size)),
     ("coverage", lambda e: _fmt(e.number("coverage"), ".4f")),
     ("lm_head params", lambda e: _fmt(e.number("lm_head_params"), ",.0f")),

@@ -441,3 +441,24 @@ def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_
     assert (
         done.returncode == 0 and (project / "artifacts/speculative-eval/results.json").read_bytes() == first
     )
+
+
+def test_compare_and_report_show_the_eval_backend_per_row():
+    from eagle3.compare import comparison  # noqa: PLC0415
+    from eagle3.experiments import Experiment  # noqa: PLC0415
+    from eagle3.report import TABLE  # noqa: PLC0415
+
+    metrics = {"acceptance_length": 1.8, "speedup": 1.1, "tokens_per_s": 2.0}
+    rows = [
+        Experiment(
+            "tree-hf", {"eval.backend": "hf", "vocab.size": 8192}, metrics, "cpu", {"eval": "float32"}
+        ),
+        Experiment(
+            "tree-sgl", {"eval.backend": "sglang", "vocab.size": 8192}, metrics, "cpu", {"eval": "float32"}
+        ),
+        Experiment("old", {"vocab.size": 8192}, metrics, "cpu", {"eval": "float32"}),  # before eval.backend
+    ]
+    quality, _, speed, _ = comparison(rows).renderables
+    for table in (quality, speed):
+        assert list(table.columns[0].cells) == ["tree-hf", "tree-sgl [sglang]", "old"]
+    assert [TABLE[0][1](e) for e in rows] == ["tree-hf", "tree-sgl [sglang]", "old"]
