@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,20 @@ def _request(pool: ServerPool, url: str, ids: list[int], max_new_tokens: int) ->
         raise SGLangError(f"SGLang server gone or failing mid-run: {err}") from None
 
 
+def _flush(pool: ServerPool, url: str, tries: int = 5) -> None:
+    """Empty a server's prefix cache after the warm-up (a given server may keep one: the first
+    prompt must not start from it). SGLang refuses while its scheduler is still finishing the
+    last request, so a refusal is retried."""
+    for attempt in range(tries):
+        try:
+            pool.flush_cache(url)
+            return
+        except SGLangError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(1)
+
+
 def decode_all(
     pool: ServerPool,
     urls: dict[str, str],
@@ -187,6 +202,7 @@ def decode_all(
     if batch:
         for url in urls.values():
             _request(pool, url, batch[0][1], WARMUP_TOKENS)
+            _flush(pool, url)
     out = []
     for i, (pid, ids) in enumerate(batch):
         shift = i % len(kinds)
