@@ -16,6 +16,11 @@ faults = importlib.util.module_from_spec(spec)
 sys.modules["faults"] = faults  # dataclasses look their module up there
 spec.loader.exec_module(faults)
 
+# Past the suite's 15-minute default: the module's project (patch-check, extract, vocab-map) is
+# built in the first test's setup; that test took 630 s (380 s setup) on a 2-core machine under
+# other load, 1.4x from the default.
+pytestmark = pytest.mark.timeout(1800)
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
