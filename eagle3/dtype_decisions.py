@@ -18,7 +18,7 @@ def shapes(params: Params) -> dict[str, Shape]:
     config = load_target_config(params.target)
     text = getattr(config, "text_config", None) or config
     aux = [0, 1, 2]  # the drafter layer's sizes do not depend on which layers feed it
-    base = DrafterConfig.from_target_config(config, min(params.vocab.size, text.vocab_size), aux)
+    base = DrafterConfig.from_target_config(config, text.vocab_size, aux)  # K does not enter Shape
     return {"target": Shape.of(config), "drafter": Shape.of(drafter_config(base, params.train))}
 
 

@@ -214,7 +214,7 @@ def test_vocab_map_stage_adopts_the_drafter_and_refuses_another_size(trained, tm
         params["vocab"]["size"] = size
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
         cmd = [sys.executable, "-m", "stages.vocab_map"]
-        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
     refused = vocab_map(8192)
     assert refused.returncode == 2 and "vocab.size is 8,192 but the train.init drafter" in refused.stderr
