@@ -16,6 +16,7 @@ from eagle3.device import Shape, machine, resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config, trained_ttt_length
 from eagle3.inputs import InputError
 from eagle3.packed import pack_linears
+from eagle3.resolved_dtypes import pinned
 from eagle3.stageio import write_json, write_metrics
 from eagle3.target.load import eos_token_ids, has_chat_template, load_target
 from eagle3.target.sglang_eval import evaluate_on_sglang, summary_line, unexplained
@@ -42,13 +43,15 @@ def main() -> None:
             return evaluate_sglang(params, prompts, drafter_dir)
         drafter_cfg = load_drafter_config(drafter_dir)
 
-        # one dtype for all three decoders, the fastest for plain one-token decoding here
-        target = load_target(params.target.model_copy(update={"dtype": ev.dtype}), job="decode")
+        # one dtype for all three decoders, the fastest for plain one-token decoding here, as the
+        # dtypes stage recorded it
+        dtypes = pinned(params, "decode").eval
+        target = load_target(params.target.model_copy(update={"dtype": dtypes.dtype}), job="decode")
         if why := drafter_cfg.mismatch(target.vocab_size, target.num_layers):
             raise InputError(f"{drafter_dir} was {why}")
         embed = target.model.get_input_embeddings().weight
-        drafter_dtype = resolve_dtype(ev.drafter_dtype or ev.dtype, "decode", Shape.of(target.config))
-        drafter = load_drafter(drafter_dir, embed, dtype=drafter_dtype)
+        drafter_dtype = resolve_dtype(dtypes.drafter_dtype or dtypes.dtype, "decode", Shape.of(target.config))
+        drafter = load_drafter(drafter_dir, embed, dtype=drafter_dtype, target_config=target.config)
         if ev.pack_weights:  # the same packed target serves the baseline, the engine and the peer
             pack_linears(target.model)
             pack_linears(drafter)
