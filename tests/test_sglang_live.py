@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from eagle3.target.patch_check import fingerprint
 from eagle3.target.sglang_check import MIN_ROW_COSINE, hf_reference, logprob_agreement
 from eagle3.target.sglang_client import ServerPool
 from eagle3.target.sglang_engine import check_server_args, layer_id_rule
+from eagle3.target.sglang_launch import stop_group
 from eagle3.target.sglang_rows import prefill_body, request_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,22 +155,7 @@ class LiveServer:
         return ServerPool([self.url]).server_info(self.url)
 
     def stop(self) -> None:
-        """SIGTERM to the whole group (launcher, scheduler, detokenizer), SIGKILL what is left."""
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            # the launcher is gone; its children may not be yet
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
+        stop_group(self.process)
 
 
 def launched(args: list[str], log: Path) -> Iterator[LiveServer]:

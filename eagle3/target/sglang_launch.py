@@ -153,23 +153,27 @@ class Server:
             return False
 
     def stop(self) -> None:
-        """SIGTERM to the whole group (launcher, scheduler, detokenizer), SIGKILL what is left."""
-        if self.process is None:
+        if self.process is not None:
+            stop_group(self.process)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to a server's whole process group (launcher, scheduler, detokenizer), SIGKILL
+    what is left."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
             return
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            try:  # the launcher is gone; its children may not be yet
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the launcher is gone; its children may not be yet
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
 
 
 def start_servers(
