@@ -11,7 +11,6 @@ five stages run by DVC, lossless. Acceptance is not checked: with random weights
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import torch
 import yaml
 from conftest import SHAREGPT_SAMPLE
+from project_copy import copy_code
 from test_export_loaders import FILE, TARGET, sglang_plan
 from test_pipeline import REPO, dvc, run
 from test_sglang import server_info
@@ -325,11 +325,7 @@ PIPELINE = {
 )
 def test_every_stage_runs_on_a_kimi_architecture_target(targets, tmp_path, form, aux, last_stage):
     root = tmp_path / "project"
-    root.mkdir()
-    for name in ("eagle3", "stages"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("dvc.yaml", ".gitignore"):
-        (root / name).write_bytes((REPO / name).read_bytes())
+    copy_code(root)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for section, values in PIPELINE.items():
         params[section].update(values)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import SHAREGPT_SAMPLE
+from project_copy import copy_code
 
 from eagle3.device import native_bf16, policy_path
 from eagle3.dtype_decisions import shapes
@@ -83,10 +83,7 @@ def _keep(decision: str, job: str, shape) -> None:
 @pytest.mark.skipif(not native_bf16(), reason="without native bf16, auto is float32 and nothing is measured")
 def test_a_changed_decision_reruns_exactly_the_stages_it_affects(tmp_path, monkeypatch):
     project, cache = tmp_path / "project", tmp_path / "cache"
-    project.mkdir()
-    for name in ("eagle3", "stages"):
-        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", project)
+    copy_code(project)
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env |= {"EAGLE3_CACHE": str(cache), "DVC_NO_ANALYTICS": "1"}

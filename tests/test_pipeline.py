@@ -4,7 +4,6 @@ stage skipping, experiment tracking (workspace and temp-dir experiments), bad pa
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import yaml
 from background import project_env
 from conftest import SHAREGPT_SAMPLE
+from project_copy import copy_code
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -47,10 +47,7 @@ def write_params(project: Path, overrides: dict) -> None:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("project")
-    for name in ("eagle3", "stages"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", root)
-    shutil.copy(REPO / ".gitignore", root)
+    copy_code(root)
     write_params(root, TINY)
     run(["git", "init", "-q"], root)
     run(["git", "config", "user.email", "ci@example.com"], root)

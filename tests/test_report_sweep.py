@@ -5,7 +5,6 @@ extraction, lands as one MLflow run per experiment named after it, and `eagle3 c
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +13,8 @@ from pathlib import Path
 import mlflow
 import pytest
 from background import dvc_queue_started, project_env
-from test_pipeline import REPO, TINY, dvc, run, write_params
+from project_copy import copy_code
+from test_pipeline import TINY, dvc, run, write_params
 
 # the smallest run of every stage: 1 epoch over 6 samples, 1 prompt x 8 new tokens
 SWEEP = TINY | {
@@ -45,11 +45,7 @@ def eagle3(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(2400)
 def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_path):
     project = tmp_path / "project"
-    project.mkdir()
-    for name in ("eagle3", "stages"):
-        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", project)
-    shutil.copy(REPO / ".gitignore", project)
+    copy_code(project)
     write_params(project, SWEEP)
     run(["git", "init", "-q"], project)
     run(["git", "config", "user.email", "ci@example.com"], project)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from project_copy import copy_code
 from safetensors.torch import load_file
 
 from eagle3.data.extract import extract_features, run_extraction
@@ -536,8 +536,7 @@ def test_self_distillation_through_sglang_stores_the_generations_top_logprobs(se
 def stage_runner(tmp_path: Path, raw: dict):
     """A project folder with `raw` as params.yaml; runs its stages as DVC does (python -m stages.X)."""
     project = tmp_path / "project"
-    for name in ("eagle3", "stages"):
-        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_code(project, pipeline=False)
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from project_copy import copy_code
 
 from eagle3.decoding.prompts import load_prompts
 from eagle3.params import ParamsError, parse_params
@@ -401,8 +402,7 @@ def test_started_servers_refuse_an_unsupported_sglang_and_a_drafter_the_loader_r
 def run_stage(tmp_path: Path, raw: dict) -> tuple[Path, subprocess.CompletedProcess]:
     project = tmp_path / "project"
     if not project.exists():
-        for name in ("eagle3", "stages", "tools"):
-            shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        copy_code(project, pipeline=False)
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "EAGLE3_SGLANG"))}
     done = subprocess.run(

@@ -28,6 +28,7 @@ import pytest
 import torch
 import yaml
 from conftest import SHAREGPT_SAMPLE
+from project_copy import copy_code
 
 from eagle3.data.extract import extract_features, select_conversations
 from eagle3.data.render import render_prompt
@@ -202,8 +203,7 @@ def live_params(data_file: Path, aux_url: str, data: dict | None = None, **extra
 def make_project(project: Path, raw: dict, report_from: Path | None = None) -> Path:
     """A copy of the code with `raw` as params.yaml, and optionally another project's patch-check
     report (what DVC reuses when only data or transport params change)."""
-    for name in ("eagle3", "stages"):
-        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_code(project, pipeline=False)
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     if report_from is not None:
         shutil.copytree(report_from / "artifacts/patch-check", project / "artifacts/patch-check")

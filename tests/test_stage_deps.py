@@ -73,8 +73,8 @@ def _trivial(path: Path) -> bool:
         return False
     body = ast.parse(path.read_text()).body
     return all(
-        isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
-        or isinstance(n, ast.ImportFrom) and n.module == "__future__"
+        (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        or (isinstance(n, ast.ImportFrom) and n.module == "__future__")
         for n in body
     )
 
