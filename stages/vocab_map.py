@@ -8,6 +8,7 @@ from pathlib import Path
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
 from eagle3.stageio import write_csv, write_metrics
+from eagle3.target.load import load_target_config
 from eagle3.tracking import pipeline_run
 from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
 from stages.common import console, reported_failures, validated_params
@@ -23,7 +24,9 @@ def main() -> None:
         tokens = store.tokens()  # refuses a token file that differs from the manifest
         fp = store.fingerprint
         counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp["vocab_size"])
-        init = read_init_drafter(params.train.init) if params.train.init else None
+        init = None
+        if params.train.init:  # its aux ids read by the target family's rule
+            init = read_init_drafter(params.train.init, load_target_config(params.target))
         if init is None:
             vocab = build_vocab_map(counts, params.vocab.size)
         else:  # warm start: the drafter's own draft vocabulary (part of its weights)

@@ -20,6 +20,7 @@ import torch
 import yaml
 from conftest import SHAREGPT_SAMPLE
 from project_copy import copy_code
+from safetensors.torch import save_file
 from test_export_loaders import FILE, TARGET, sglang_plan
 from test_pipeline import REPO, dvc, run
 from test_sglang import server_info
@@ -30,6 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter
+from eagle3.drafter.warm_start import read_init_drafter
 from eagle3.params import TargetParams, default_aux_layers
 from eagle3.target.capture import Captured
 from eagle3.target.load import load_target, load_target_config
@@ -184,6 +186,26 @@ def test_published_drafters_ids_read_as_sglang_reads_them():
         kimi = DeepseekV3Config(**TINY | {"num_hidden_layers": 61})
         assert DrafterConfig.from_hf_dict(config, kimi).aux_layer_ids == [1, 29, 57]
     assert layer_id_rule("LlamaForCausalLM").from_sglang([2, 30, 58]) == [2, 30, 58]
+
+
+def test_a_published_kimi_drafter_as_warm_start_reads_its_ids_by_the_targets_rule(tmp_path):
+    """train.init of SpecForge's Kimi-K2 drafter, whose config records no family ([2, 30, 58]):
+    on a Kimi target its ids are the layers SGLang captures, [1, 29, 57], not the Llama reading.
+    (Only the tensors read_init_drafter checks, at their real sizes; no 1.2B weights.)"""
+    folder = tmp_path / "kimi-k2-eagle3"
+    folder.mkdir()
+    config = json.loads((FIXTURES / "specforge-kimi-k2-eagle3.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {
+        "d2t": torch.zeros(config["draft_vocab_size"], dtype=torch.int64),
+        "t2d": torch.zeros(config["vocab_size"], dtype=torch.bool),
+        "fc.weight": torch.zeros(1, 1),
+        "lm_head.weight": torch.zeros(1, 1),
+    }
+    save_file(tensors, str(folder / "model.safetensors"))
+    kimi = DeepseekV3Config(**TINY | {"num_hidden_layers": 61})
+    assert read_init_drafter(str(folder), kimi).cfg.aux_layer_ids == [1, 29, 57]
+    assert read_init_drafter(str(folder)).cfg.aux_layer_ids == [2, 30, 58]  # what it read before
 
 
 def test_extraction_servers_are_checked_in_sglang_form():

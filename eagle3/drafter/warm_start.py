@@ -56,8 +56,10 @@ class InitDrafter:
         return {k: v for k, v in self.tensors.items() if k not in (*MAPPING_KEYS, EMBED)}
 
 
-def read_init_drafter(folder: str) -> InitDrafter:
-    """The drafter at `folder` (train.init); InputError when it is missing or not a drafter."""
+def read_init_drafter(folder: str, target_config: Any = None) -> InitDrafter:
+    """The drafter at `folder` (train.init); InputError when it is missing or not a drafter. Its
+    aux layer ids are read as SGLang reads them for `target_config`'s family (DeepSeek/Kimi ids
+    differ from Llama's), so a drafter exported elsewhere, which records no family, reads right."""
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise InputError(f"train.init: {folder} does not exist (an exported drafter folder, or null)")
@@ -68,7 +70,7 @@ def read_init_drafter(folder: str) -> InitDrafter:
             "(the SGLang/EAGLE layout: config.json + model.safetensors)"
         )
     try:
-        cfg = DrafterConfig.from_hf_dict(json.loads((path / CONFIG).read_text()))
+        cfg = DrafterConfig.from_hf_dict(json.loads((path / CONFIG).read_text()), target_config)
     except (ValueError, KeyError, TypeError) as err:
         raise InputError(
             f"train.init: {folder}/{CONFIG} is not an EAGLE-3 drafter's config ({err})"

@@ -172,8 +172,9 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
     report_fp = read_json(report)["fingerprint"]
     store = FeatureStore(features)  # refuses an edited manifest
     d2t, t2d, meta = load_mapping(mapping)  # refuses a damaged or mismatched mapping file
-    base = DrafterConfig.from_target_config(load_target_config(params.target), len(d2t), store.aux_layers)
-    init = read_init_drafter(params.train.init) if params.train.init else None
+    target_config = load_target_config(params.target)
+    base = DrafterConfig.from_target_config(target_config, len(d2t), store.aux_layers)
+    init = read_init_drafter(params.train.init, target_config) if params.train.init else None
     if init is not None:  # warm start: checked against the target, then its shape
         base = warm_start_config(init, base, params.train)
         check_adopted_mapping(init, d2t, t2d, meta)
