@@ -5,7 +5,7 @@
 
 Three copies of the float32 target, the same weights in one process:
 - `default`: nn.Linear as transformers builds it;
-- `packed`: every Linear swapped for `eagle3.packed.PackedLinear` (what speculative-eval runs);
+- `packed`: every Linear swapped for `eagle3.core.packed.PackedLinear` (what speculative-eval runs);
 - `compiled`: the decoder stack and the lm_head under `torch.compile` with inductor's
   freezing pass (weights become constants and are pre-packed by inductor itself), dynamic
   shapes so a growing KV cache does not recompile.
@@ -27,10 +27,10 @@ import torch
 from torch._inductor import config as inductor_config
 
 from bench.decoding import mtbench_prompts
+from eagle3.core.device import machine
+from eagle3.core.packed import pack_linears
+from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import greedy_decode
-from eagle3.device import machine
-from eagle3.packed import pack_linears
-from eagle3.params import TargetParams
 from eagle3.target.load import eos_token_ids, load_target
 
 

@@ -3,7 +3,7 @@
     python -m bench.dtype [--target smollm2-135m-instruct] [--reps 5]
 
 `auto` decides each job from the bf16/float32 ratio of CPU time on one thread, float32 and bf16
-interleaved (eagle3/device.py). This script prints that ratio beside the wall-clock ratio with
+interleaved (eagle3/core/device.py). This script prints that ratio beside the wall-clock ratio with
 all threads (what a quiet machine would show a user), so the proxy is checked against the real
 thing, and the load other processes put on the machine meanwhile. On a CPU without native bf16
 the pipeline skips the measurement and uses float32, but the script measures anyway.
@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from eagle3.device import DTYPES, JOBS, Shape, _job_work, choose, machine, measure_decision
-from eagle3.params import TargetParams
+from eagle3.core.device import DTYPES, JOBS, Shape, _job_work, choose, machine, measure_decision
+from eagle3.core.params import TargetParams
 from eagle3.target.load import load_target_config
 
 

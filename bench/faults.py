@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3.stageio import sha256_file
+from eagle3.core.stageio import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 SHAREGPT = REPO / "tests" / "fixtures" / "sharegpt-48.jsonl"
@@ -346,7 +346,7 @@ def killed_while_replacing(
 
 def mapping_mix_refused(project: Path) -> bool:
     """Train's input check on a vocab-map folder holding files of two runs."""
-    from eagle3.params import load_params
+    from eagle3.core.params import load_params
     from eagle3.train.prepare import prepare_inputs
 
     try:
@@ -569,7 +569,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="the default suite's subset")
     args = parser.parse_args()
-    from eagle3.device import machine
+    from eagle3.core.device import machine
 
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="eagle3-faults-") as tmp:

@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from eagle3.device import machine
-from eagle3.packed import pack_linears
-from eagle3.params import TargetParams
+from eagle3.core.device import machine
+from eagle3.core.packed import pack_linears
+from eagle3.core.params import TargetParams
 from eagle3.target.load import load_target
 
 

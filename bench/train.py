@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3.device import native_bf16, resolve_dtype  # noqa: E402
+from eagle3.core.device import native_bf16, resolve_dtype  # noqa: E402
+from eagle3.core.params import TrainParams  # noqa: E402
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eagle3.params import TrainParams  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
 from eagle3.train.prepare import estimate_peak_gib  # noqa: E402
 from eagle3.train.ttt import TTTModel, flops_per_token_step  # noqa: E402

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from eagle3.params import ParamsError, flatten, load_params, parse_params
-from eagle3.stageio import write_json
+from eagle3.core.params import ParamsError, flatten, load_params, parse_params
+from eagle3.core.stageio import write_json
 
 
 def params_check(path: str) -> int:
@@ -36,7 +36,7 @@ def params_check(path: str) -> int:
 
 def dtypes_command(args: argparse.Namespace) -> int:
     """Resolve (measuring where needed) and print the dtypes the pipeline would use here."""
-    from eagle3.device import machine  # noqa: PLC0415 - loads torch
+    from eagle3.core.device import machine  # noqa: PLC0415 - loads torch
     from eagle3.dtype_decisions import forget, resolve, table  # noqa: PLC0415
 
     try:
@@ -156,7 +156,7 @@ def plan_command(args: argparse.Namespace) -> int:
     """`eagle3 plan`: the cost of a run from params (+ -S overrides) and a target config.json."""
     import yaml
 
-    from eagle3.inputs import InputError
+    from eagle3.core.inputs import InputError
     from eagle3.plan import plan, print_plan, read_target_config
 
     try:

@@ -1,12 +1,12 @@
 """Deciding the dtype of each job for a params file: what `auto` resolves to here and why
-(eagle3/device.py measures; eagle3/resolved_dtypes.py records the outcome for DVC)."""
+(eagle3/core/device.py measures; eagle3/core/resolved_dtypes.py records the outcome for DVC)."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
-from eagle3.device import Job, Shape, resolve_dtype_name
-from eagle3.params import Params
+from eagle3.core.device import Job, Shape, resolve_dtype_name
+from eagle3.core.params import Params
 
 
 def shapes(params: Params) -> dict[str, Shape]:
@@ -46,7 +46,7 @@ def resolve(params: Params, measure: bool = True) -> dict[Job, dict[str, dict[st
 
 def forget(params: Params) -> None:
     """Drop this machine's kept measurements for the shapes `params` use (`eagle3 dtypes --remeasure`)."""
-    from eagle3.device import JOBS, cpu_decision, policy_path  # noqa: PLC0415
+    from eagle3.core.device import JOBS, cpu_decision, policy_path  # noqa: PLC0415
 
     for shape in shapes(params).values():
         for job in JOBS:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from eagle3.params import flatten
+from eagle3.core.params import flatten
 
 # The facts (not numbers) of where a row was measured, per stage metrics file.
 DTYPE_KEYS = {"extract": "dtype", "train": "dtype", "speculative-eval": "dtype"}
@@ -203,8 +203,8 @@ def load_experiments(
     if json_file:
         return read_dvc_json(json_file), json_file
     if source == "mlflow":
-        from eagle3.params import load_params  # noqa: PLC0415
-        from eagle3.tracking import tracking_uri  # noqa: PLC0415
+        from eagle3.core.params import load_params  # noqa: PLC0415
+        from eagle3.core.tracking import tracking_uri  # noqa: PLC0415
 
         params = load_params(params_file)
         uri = tracking_uri(params)

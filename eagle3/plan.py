@@ -25,10 +25,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from eagle3.core.inputs import InputError
+from eagle3.core.params import Params, resolve_aux_layers
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.export import load_drafter_config
-from eagle3.inputs import InputError
-from eagle3.params import Params, resolve_aux_layers
 from eagle3.train.prepare import SHAPE_KEYS, activation_bytes_per_step, drafter_config
 
 GIB = 2**30

@@ -48,8 +48,8 @@ def _fmt(value: float | None, fmt: str) -> str:
 def _plan_of(flat_params: str) -> dict | None:
     """`eagle3 plan` for one row's params (JSON of the flat params), None when they no longer
     validate or the target's config cannot be read here."""
-    from eagle3.inputs import InputError  # noqa: PLC0415 - the plan reads configs only when asked
-    from eagle3.params import ParamsError, parse_params  # noqa: PLC0415
+    from eagle3.core.inputs import InputError  # noqa: PLC0415 - the plan reads configs only when asked
+    from eagle3.core.params import ParamsError, parse_params  # noqa: PLC0415
     from eagle3.plan import plan, read_target_config  # noqa: PLC0415
 
     nested: dict = {}

@@ -14,8 +14,8 @@ import json
 import shlex
 from pathlib import Path
 
+from eagle3.core.params import Params
 from eagle3.drafter.export import trained_ttt_length
-from eagle3.params import Params
 from eagle3.target.load import resolve_target
 from eagle3.target.sglang_spec import SpecShape, eagle3_flags, eagle3_shape
 

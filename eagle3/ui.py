@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from eagle3.params import Params
-from eagle3.tracking import tracking_uri
+from eagle3.core.params import Params
+from eagle3.core.tracking import tracking_uri
 
 # The server's background job runner (GenAI judges, trace rollups) starts a pool of processes
 # that browsing runs never uses: too much for a 2-core machine that is also training.

@@ -21,8 +21,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from eagle3.inputs import InputError
-from eagle3.stageio import write_bytes, write_json
+from eagle3.core.inputs import InputError
+from eagle3.core.stageio import write_bytes, write_json
 
 MAPPING = "mapping.safetensors"
 META = "vocab.json"

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.markup import escape
 
-from eagle3.inputs import InputError
-from eagle3.params import Params, ParamsError, load_params
+from eagle3.core.inputs import InputError
+from eagle3.core.params import Params, ParamsError, load_params
 
 console = Console(stderr=True)
 # Failures whose message already says what is wrong and what to do.

@@ -1,13 +1,13 @@
 """Stage dtypes: resolve every `auto` dtype on this machine (eagle3/dtype_decisions.py) and
-record the decisions (eagle3/resolved_dtypes.py). DVC runs it on every repro (always_changed);
+record the decisions (eagle3/core/resolved_dtypes.py). DVC runs it on every repro (always_changed);
 the files it writes change only when a decision does, and only the stages that list the changed
 file re-run."""
 
 from __future__ import annotations
 
-from eagle3.device import machine
+from eagle3.core.device import machine
+from eagle3.core.resolved_dtypes import FOLDER, record
 from eagle3.dtype_decisions import resolve, table
-from eagle3.resolved_dtypes import FOLDER, record
 from stages.common import console, reported_failures, validated_params
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from eagle3.core.device import machine
+from eagle3.core.packed import pack_linears
+from eagle3.core.params import Params
+from eagle3.core.resolved_dtypes import pinned
+from eagle3.core.stageio import read_json, write_metrics
+from eagle3.core.tracking import pipeline_run
 from eagle3.data.extract import extract_features
-from eagle3.device import machine
-from eagle3.packed import pack_linears
-from eagle3.params import Params
-from eagle3.resolved_dtypes import pinned
-from eagle3.stageio import read_json, write_metrics
 from eagle3.target.load import load_target
-from eagle3.tracking import pipeline_run
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/extract")

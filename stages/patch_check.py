@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3.params import Params, check_against_target
-from eagle3.resolved_dtypes import pinned
-from eagle3.stageio import write_json, write_metrics
+from eagle3.core.params import Params, check_against_target
+from eagle3.core.resolved_dtypes import pinned
+from eagle3.core.stageio import write_json, write_metrics
+from eagle3.core.tracking import pipeline_run
 from eagle3.target.load import has_chat_template, load_target, load_target_config
 from eagle3.target.patch_check import fingerprint, run_patch_check
-from eagle3.tracking import pipeline_run
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/patch-check")

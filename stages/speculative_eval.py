@@ -7,20 +7,20 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from eagle3.core.device import Shape, machine, resolve_dtype
+from eagle3.core.inputs import InputError
+from eagle3.core.packed import pack_linears
+from eagle3.core.resolved_dtypes import pinned
+from eagle3.core.stageio import write_json, write_metrics
+from eagle3.core.tracking import pipeline_run
 from eagle3.data.render import render_prompt, user_turn
 from eagle3.decoding.engine import SpecEngine
 from eagle3.decoding.evaluate import run_comparison, summarize, summarize_spread
 from eagle3.decoding.prompts import load_prompts
 from eagle3.decoding.report import category_table, interval_line, write_acceptance_plot
-from eagle3.device import Shape, machine, resolve_dtype
 from eagle3.drafter.export import load_drafter, load_drafter_config, trained_ttt_length
-from eagle3.inputs import InputError
-from eagle3.packed import pack_linears
-from eagle3.resolved_dtypes import pinned
-from eagle3.stageio import write_json, write_metrics
 from eagle3.target.load import eos_token_ids, has_chat_template, load_target
 from eagle3.target.sglang_eval import evaluate_on_sglang, summary_line, unexplained
-from eagle3.tracking import pipeline_run
 from eagle3.vocab import coverage_of
 from stages.common import console, reported_failures, validated_params
 

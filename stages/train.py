@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from eagle3.core.params import Params
+from eagle3.core.resolved_dtypes import pinned
+from eagle3.core.stageio import write_metrics
+from eagle3.core.tracking import pipeline_run
 from eagle3.drafter.export import export_drafter
-from eagle3.params import Params
-from eagle3.resolved_dtypes import pinned
-from eagle3.stageio import write_metrics
-from eagle3.tracking import pipeline_run
 from eagle3.train.distributed import is_main_process, launched_by_torchrun, relaunch_under_torchrun
 from eagle3.train.loop import train_drafter
 from eagle3.train.prepare import TrainInputs, prepare_inputs

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.params import TargetParams
+from eagle3.core.params import TargetParams
 from eagle3.target.load import Target, load_target
 
 # 48 real ShareGPT conversations (provenance: tests/fixtures/README.md): extraction tests read

@@ -23,12 +23,12 @@ import pytest
 import torch
 import yaml
 
+from eagle3.core.inputs import MAX_LINE_BYTES, InputError
+from eagle3.core.params import TargetParams, parse_params
 from eagle3.data.conversations import load_conversations
 from eagle3.data.extract import extract_features
 from eagle3.data.store import JOURNAL, Sample, write_shard
 from eagle3.decoding.prompts import read_prompts
-from eagle3.inputs import MAX_LINE_BYTES, InputError
-from eagle3.params import TargetParams, parse_params
 from eagle3.target.load import _packaged_gguf, load_target, load_target_config, resolve_target
 
 REPO = Path(__file__).resolve().parents[1]

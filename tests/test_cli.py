@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from eagle3.cli import main, preset_args
-from eagle3.params import ParamsError, parse_params
+from eagle3.core.params import ParamsError, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,9 +22,9 @@ import pytest
 import torch
 import yaml
 
+from eagle3.core.params import load_params
 from eagle3.data.extract import extract_features
 from eagle3.data.store import MANIFEST, TOKENS, CorruptStoreError, FeatureStore
-from eagle3.params import load_params
 from eagle3.target.load import resolve_target
 from eagle3.target.patch_check import fingerprint
 from eagle3.train.loop import CHECKPOINT, TrainInputs, train_drafter, trainable_state

@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_decoding_fixtures import EOS, V, engine, fitted_pair, prompts, random_drafter, tiny_target
 
+from eagle3.core.params import ParamsError, parse_params
 from eagle3.decoding import verify
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.decoding.evaluate import run_comparison, summarize
-from eagle3.params import ParamsError, parse_params
 
 # Tiny models: one thread is faster than two (and kinder to a shared CPU).
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_decoding_fixtures import EOS, engine, prompts, random_drafter, tiny_target
 
+from eagle3.core.params import ParamsError, parse_params
 from eagle3.decoding.engine import greedy_decode
 from eagle3.decoding.lookup import lookup_continuation
 from eagle3.decoding.tree import ancestor_matrix, graft_chain
-from eagle3.params import ParamsError, parse_params
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

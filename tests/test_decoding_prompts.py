@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from eagle3.core.params import EvalParams
 from eagle3.decoding.prompts import Prompt, load_prompts, mtbench_path, round_robin
-from eagle3.params import EvalParams
 
 MTBENCH_CATEGORIES = [
     "writing",

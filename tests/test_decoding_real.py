@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle3.core.params import TargetParams, default_aux_layers
 from eagle3.data.render import render_prompt, user_turn
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.decoding.prompts import load_prompts
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.params import TargetParams, default_aux_layers
 from eagle3.target.load import eos_token_ids
 
 

@@ -29,10 +29,10 @@ from transformers import AutoConfig, DeepseekV3Config, LlamaConfig
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE, DeepseekV3RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle3.core.params import TargetParams, default_aux_layers
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter
 from eagle3.drafter.warm_start import read_init_drafter
-from eagle3.params import TargetParams, default_aux_layers
 from eagle3.target.capture import Captured
 from eagle3.target.load import load_target, load_target_config
 from eagle3.target.patch_check import PatchCheckError, run_patch_check

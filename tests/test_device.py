@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eagle3 import device
-from eagle3.device import (
+from eagle3.core.device import (
     BF16_MARGIN,
     JOBS,
     NARROW,

@@ -16,10 +16,10 @@ import yaml
 from conftest import SHAREGPT_SAMPLE
 from project_copy import copy_code
 
-from eagle3.device import native_bf16, policy_path
+from eagle3.core.device import native_bf16, policy_path
+from eagle3.core.params import parse_params
+from eagle3.core.resolved_dtypes import pinned, record
 from eagle3.dtype_decisions import shapes
-from eagle3.params import parse_params
-from eagle3.resolved_dtypes import pinned, record
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {

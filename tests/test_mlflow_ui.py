@@ -15,8 +15,8 @@ import pytest
 import yaml
 from background import end_processes, project_env, run_detached, session_members, start_detached
 
-from eagle3.params import load_params
-from eagle3.tracking import pipeline_run
+from eagle3.core.params import load_params
+from eagle3.core.tracking import pipeline_run
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

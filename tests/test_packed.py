@@ -9,8 +9,8 @@ import torch
 from test_decoding_fixtures import EOS, engine, fitted_pair, prompts, tiny_target
 from torch import nn
 
+from eagle3.core.packed import PackedLinear, pack_linears, packing_available
 from eagle3.decoding.engine import greedy_decode
-from eagle3.packed import PackedLinear, pack_linears, packing_available
 
 pytestmark = [
     pytest.mark.skipif(

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from eagle3.cli import main as cli
-from eagle3.params import (
+from eagle3.core.params import (
     Params,
     ParamsError,
     default_aux_layers,
@@ -43,9 +43,9 @@ def test_schema_defaults_are_params_yaml():
     file must mean the same. Every key listed, every default equal: they cannot drift apart."""
     written = flatten(yaml.safe_load((REPO / "params.yaml").read_text()))
     defaults = Params().flat()
-    assert sorted(written) == sorted(defaults), "params.yaml must list every key of eagle3/params.py"
+    assert sorted(written) == sorted(defaults), "params.yaml must list every key of eagle3/core/params.py"
     differ = {k: (defaults[k], written[k]) for k in defaults if defaults[k] != written[k]}
-    assert not differ, f"eagle3/params.py default != params.yaml value (change both): {differ}"
+    assert not differ, f"eagle3/core/params.py default != params.yaml value (change both): {differ}"
     assert load_params(REPO / "params.yaml") == Params()
 
 

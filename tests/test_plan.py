@@ -12,8 +12,8 @@ import pytest
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from eagle3.cli import main as cli
+from eagle3.core.params import Params, ParamsError, TrainParams, parse_params
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.params import Params, ParamsError, TrainParams, parse_params
 from eagle3.plan import drafter_params, plan, read_target_config, target_flops_per_token
 from eagle3.train.prepare import drafter_config
 

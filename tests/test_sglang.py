@@ -20,10 +20,10 @@ import yaml
 from project_copy import copy_code
 from safetensors.torch import load_file
 
+from eagle3.core.params import ParamsError, parse_params
 from eagle3.data.extract import extract_features, run_extraction
 from eagle3.data.sglang_extract import check_inputs, eos_ids, sglang_group_fn
 from eagle3.data.store import FEATURE_KEYS, MANIFEST, TOPK_KEYS, FeatureStore
-from eagle3.params import ParamsError, parse_params
 from eagle3.target.load import resolve_target
 from eagle3.target.patch_check import PatchCheckError, fingerprint
 from eagle3.target.sglang_check import (

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from project_copy import copy_code
 
+from eagle3.core.params import ParamsError, parse_params
 from eagle3.decoding.prompts import load_prompts
-from eagle3.params import ParamsError, parse_params
 from eagle3.serve import serve_commands
 from eagle3.target.sglang_client import SGLangError
 from eagle3.target.sglang_eval import (

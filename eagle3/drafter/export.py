@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import load_file, save
 from torch import Tensor
 
+from eagle3.core.stageio import write_bytes, write_json
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.model import Eagle3Drafter
-from eagle3.stageio import write_bytes, write_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -60,7 +60,7 @@ def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype
 def trained_ttt_length(folder: str | Path, default: int) -> int:
     """The TTT length a drafter was trained with: a shipped folder's params.yaml (eagle3 ship)
     says; the train stage's own drafter follows the current params (`default`)."""
-    # read raw, not through eagle3.params: a folder shipped under an older schema need not
+    # read raw, not through eagle3.core.params: a folder shipped under an older schema need not
     # validate against today's defaults, and only this one key matters here
     import yaml  # noqa: PLC0415 - only shipped folders need it
 

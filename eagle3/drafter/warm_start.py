@@ -26,10 +26,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
+from eagle3.core.inputs import InputError
+from eagle3.core.stageio import sha256_files
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.export import CONFIG, EMBED, WEIGHTS
-from eagle3.inputs import InputError
-from eagle3.stageio import sha256_files
 from eagle3.vocab import VocabMap, adopted_vocab_map
 
 MAPPING_KEYS = ("d2t", "t2d")

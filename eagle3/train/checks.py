@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from eagle3.core.inputs import InputError
 from eagle3.drafter.config import DrafterConfig
-from eagle3.inputs import InputError
 from eagle3.vocab import draft_to_target_ids
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from eagle3.core.device import resolve_dtype
 from eagle3.data.store import FeatureStore
-from eagle3.device import resolve_dtype
 
 POOL_BATCHES = 16  # batches per sorting pool: more = less padding, less randomness
 

@@ -23,9 +23,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import Tensor
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
+from eagle3.core.inputs import InputError
+from eagle3.core.params import TrainParams
 from eagle3.drafter.model import Eagle3Drafter
-from eagle3.inputs import InputError
-from eagle3.params import TrainParams
 from eagle3.train.checkpoint import (
     CHECKPOINT,
     read_checkpoint,

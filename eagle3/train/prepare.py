@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from eagle3.core.device import Shape, resolve_dtype
+from eagle3.core.inputs import InputError
+from eagle3.core.params import Params, ParamsError, TrainParams
+from eagle3.core.stageio import read_json, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
-from eagle3.device import Shape, resolve_dtype
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
-from eagle3.inputs import InputError
-from eagle3.params import Params, ParamsError, TrainParams
-from eagle3.stageio import read_json, sha256_file, sha256_json
 from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads

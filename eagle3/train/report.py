@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3.device import machine
-from eagle3.stageio import write_csv
-from eagle3.tracking import StageRun
+from eagle3.core.device import machine
+from eagle3.core.stageio import write_csv
+from eagle3.core.tracking import StageRun
 from eagle3.train.loop import TrainOutcome
 
 

@@ -75,7 +75,7 @@ class ExtractParams(Section):
     # eagle_aux_hidden_state_layer_ids; null = EAGLE-3's default (1, N/2-1, N-4).
     aux_layers: list[int] | None = None
     batch_tokens: int = Field(default=4096, ge=64)
-    # Pack float32 CPU weights for oneDNN (eagle3/packed.py): extraction and on-policy
+    # Pack float32 CPU weights for oneDNN (eagle3/core/packed.py): extraction and on-policy
     # generation run faster; features equal the unpacked model's to float32 rounding.
     pack_weights: bool = True
     shard_samples: int = Field(default=128, ge=1)
@@ -270,7 +270,7 @@ class EvalParams(Section):
     # The drafter's own dtype (null = eval.dtype). Its forwards are small and mostly one token,
     # where bf16 reads half the bytes; losslessness never depends on the drafter's precision.
     drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = "bfloat16"
-    # Pack float32 CPU weights of the target and drafter for oneDNN once (eagle3/packed.py): all
+    # Pack float32 CPU weights of the target and drafter for oneDNN once (eagle3/core/packed.py): all
     # three decoders get faster, multi-token verification most. No effect on GPU or in bf16.
     pack_weights: bool = True
     prompt_lookup: bool = True

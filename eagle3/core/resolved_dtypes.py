@@ -1,6 +1,6 @@
 """The dtypes a pipeline run computes in, decided once and recorded where DVC sees them.
 
-`auto` dtypes are measured on the machine at hand (eagle3/device.py) and decided per params
+`auto` dtypes are measured on the machine at hand (eagle3/core/device.py) and decided per params
 (eagle3/dtype_decisions.py). The dtypes stage writes one small file per job,
 artifacts/dtypes/{prefill,train,decode}.json, holding only the resolved names; patch-check and
 extract list prefill.json as a dep, train lists train.json, speculative-eval decode.json. So a
@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3.device import Job, native_bf16
-from eagle3.params import Params
-from eagle3.stageio import write_json
+from eagle3.core.device import Job, native_bf16
+from eagle3.core.params import Params
+from eagle3.core.stageio import write_json
 
 FOLDER = Path("artifacts/dtypes")
 

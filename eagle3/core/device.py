@@ -32,8 +32,9 @@ from typing import Literal
 
 import torch
 
-from eagle3.packed import pack_linears, packing_available
-from eagle3.stageio import write_json
+from eagle3.core.cache import cache_root
+from eagle3.core.packed import pack_linears, packing_available
+from eagle3.core.stageio import write_json
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 Job = Literal["prefill", "decode", "train"]
@@ -260,8 +261,6 @@ def keep_for_good(decision: dict) -> str | None:
 
 
 def policy_path(job: Job, shape: Shape) -> Path:
-    from eagle3.target.load import cache_root  # noqa: PLC0415 - avoids an import cycle
-
     flags = " ".join(sorted(f for f in _cpu_flags().split() if "avx" in f or "amx" in f))
     key = f"{POLICY_VERSION}|{_cpu_model()}|{flags}|{torch.__version__}|{torch.get_num_threads()}|{shape}"
     name = f"{job}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

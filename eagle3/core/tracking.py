@@ -32,8 +32,8 @@ from filelock import FileLock
 from rich.console import Console
 from rich.markup import escape
 
-from eagle3.params import Params, flatten
-from eagle3.stageio import REPO_STAGES, metrics_path, read_json
+from eagle3.core.params import Params, flatten
+from eagle3.core.stageio import REPO_STAGES, metrics_path, read_json
 
 RUN_KEY_TAG = "eagle3.run_key"
 # MLflow retries a dead server for minutes by default (7 retries, backoff factor 2); a stage

@@ -1,0 +1,3 @@
+"""Shared foundations every stage stands on: the params schema, deterministic stage outputs,
+input-file errors, packaged files, the machine and its dtypes, packed weights, MLflow glue.
+Nothing here imports from the rest of eagle3."""
