@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagle3.queue_workers import command_line, is_alive, listed_pids
+from eagle3.cli.queue_workers import command_line, is_alive, listed_pids
 
 QUEUE_START_TIMEOUT_S = 120  # `dvc queue start` returns once its workers are spawned
 QUEUE_STOP_TIMEOUT_S = 60

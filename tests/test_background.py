@@ -20,7 +20,7 @@ from background import (
     session_members,
 )
 
-from eagle3.queue_workers import RUN_PID_DIR, is_alive, leftover_worker_warning, listed_pids
+from eagle3.cli.queue_workers import RUN_PID_DIR, is_alive, leftover_worker_warning, listed_pids
 
 # What `dvc queue start` does, reduced: start a daemon that inherits stdout and stderr, then exit.
 DAEMONIZING = """

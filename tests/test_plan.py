@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from eagle3.cli import main as cli
+from eagle3.cli.main import main as cli
+from eagle3.cli.plan import drafter_params, plan, read_target_config, target_flops_per_token
 from eagle3.core.params import Params, ParamsError, TrainParams, parse_params
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.plan import drafter_params, plan, read_target_config, target_flops_per_token
 from eagle3.train.prepare import drafter_config
 
 KIMI = Path(__file__).parent / "fixtures" / "kimi-k2.5" / "config.json"
@@ -167,8 +167,8 @@ def test_plan_command_json_text_and_bad_input(capsys, tmp_path):
 
 
 def test_vocab_report_shows_the_planned_cost_beside_each_size(tmp_path):
-    from eagle3.experiments import Experiment  # noqa: PLC0415
-    from eagle3.report import write_report  # noqa: PLC0415
+    from eagle3.cli.experiments import Experiment  # noqa: PLC0415
+    from eagle3.cli.report import write_report  # noqa: PLC0415
 
     def row(size: int) -> Experiment:
         params = Params().flat() | {"target.source": str(KIMI.parent), "vocab.size": size}

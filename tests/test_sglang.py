@@ -694,7 +694,7 @@ def test_serve_command_matches_the_eval_params(tmp_path):
 
 
 def test_serve_notes_read_the_shipped_drafters_ttt_length_and_the_lookup_branch(tmp_path):
-    from eagle3.serve import serve_commands  # noqa: PLC0415
+    from eagle3.cli.serve import serve_commands  # noqa: PLC0415
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()

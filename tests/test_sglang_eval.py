@@ -19,9 +19,9 @@ import pytest
 import yaml
 from project_copy import copy_code
 
+from eagle3.cli.serve import serve_commands
 from eagle3.core.params import ParamsError, parse_params
 from eagle3.decoding.prompts import load_prompts
-from eagle3.serve import serve_commands
 from eagle3.target.sglang_client import SGLangError
 from eagle3.target.sglang_eval import (
     NOT_MEASURED,
@@ -444,9 +444,9 @@ def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_
 
 
 def test_compare_and_report_show_the_eval_backend_per_row():
-    from eagle3.compare import comparison  # noqa: PLC0415
-    from eagle3.experiments import Experiment  # noqa: PLC0415
-    from eagle3.report import TABLE  # noqa: PLC0415
+    from eagle3.cli.compare import comparison  # noqa: PLC0415
+    from eagle3.cli.experiments import Experiment  # noqa: PLC0415
+    from eagle3.cli.report import TABLE  # noqa: PLC0415
 
     metrics = {"acceptance_length": 1.8, "speedup": 1.1, "tokens_per_s": 2.0}
     rows = [

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3.experiments import Experiment
+from eagle3.cli.experiments import Experiment
 
 PLOTS = (
     ("coverage", "coverage", "Coverage of loss-masked tokens"),
@@ -48,9 +48,9 @@ def _fmt(value: float | None, fmt: str) -> str:
 def _plan_of(flat_params: str) -> dict | None:
     """`eagle3 plan` for one row's params (JSON of the flat params), None when they no longer
     validate or the target's config cannot be read here."""
+    from eagle3.cli.plan import plan, read_target_config  # noqa: PLC0415
     from eagle3.core.inputs import InputError  # noqa: PLC0415 - the plan reads configs only when asked
     from eagle3.core.params import ParamsError, parse_params  # noqa: PLC0415
-    from eagle3.plan import plan, read_target_config  # noqa: PLC0415
 
     nested: dict = {}
     for key, value in json.loads(flat_params).items():

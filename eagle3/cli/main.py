@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -95,7 +94,7 @@ def ship(name: str, drafter: str = "artifacts/train/drafter", folder: str = "dra
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from eagle3.serve import serve_commands
+    from eagle3.cli.serve import serve_commands
 
     try:
         commands = serve_commands(load_params(args.params), args.drafter, args.tp, args.port)
@@ -110,9 +109,9 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def experiments_command(args: argparse.Namespace) -> int:
     """`eagle3 compare` and `eagle3 report`: read the experiments, print the table (and write the report)."""
-    from eagle3.compare import print_comparison
-    from eagle3.experiments import ExperimentsError, load_experiments, select
-    from eagle3.queue_workers import leftover_worker_warning
+    from eagle3.cli.compare import print_comparison
+    from eagle3.cli.experiments import ExperimentsError, load_experiments, select
+    from eagle3.cli.queue_workers import leftover_worker_warning
 
     if warning := leftover_worker_warning():
         Console(stderr=True).print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
@@ -125,7 +124,7 @@ def experiments_command(args: argparse.Namespace) -> int:
     console = Console()
     print_comparison(rows, console)
     if args.command == "report":
-        from eagle3.report import write_report
+        from eagle3.cli.report import write_report
 
         verdict, files = write_report(rows, args.out)
         console.print(f"\n{verdict.paragraph}\n", highlight=False)
@@ -138,7 +137,7 @@ def ui(args: argparse.Namespace) -> int:
     import os
     import subprocess
 
-    from eagle3.ui import UI_ENV, ui_command
+    from eagle3.cli.ui import UI_ENV, ui_command
 
     try:
         cmd = ui_command(load_params(args.params), args.port, args.host)
@@ -156,8 +155,8 @@ def plan_command(args: argparse.Namespace) -> int:
     """`eagle3 plan`: the cost of a run from params (+ -S overrides) and a target config.json."""
     import yaml
 
+    from eagle3.cli.plan import plan, print_plan, read_target_config
     from eagle3.core.inputs import InputError
-    from eagle3.plan import plan, print_plan, read_target_config
 
     try:
         raw = (yaml.safe_load(Path(args.params).read_text()) if Path(args.params).exists() else None) or {}
@@ -266,7 +265,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser.error("unknown command")
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
