@@ -18,13 +18,13 @@ from pathlib import Path
 from eagle3.core.device import DTYPES, machine
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import TargetParams, default_aux_layers
-from eagle3.data.render import render_prompt, user_turn
 from eagle3.decoding.engine import SpecEngine
 from eagle3.decoding.evaluate import run_comparison, summarize
 from eagle3.decoding.prompts import load_prompts
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import load_drafter
-from eagle3.target.load import Target, eos_token_ids, load_target
+from eagle3.verifier.load import Target, eos_token_ids, load_target
+from eagle3.verifier.render import render_prompt, user_turn
 
 
 def load_pair(

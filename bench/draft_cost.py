@@ -24,11 +24,11 @@ import torch
 from bench.decoding import load_pair
 from eagle3.core.device import machine
 from eagle3.core.packed import pack_linears
-from eagle3.data.render import render_prompt, user_turn
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.decoding.prompts import load_prompts
 from eagle3.drafter.export import load_drafter
-from eagle3.target.load import eos_token_ids
+from eagle3.verifier.load import eos_token_ids
+from eagle3.verifier.render import render_prompt, user_turn
 
 
 def cpu_timed(fn):

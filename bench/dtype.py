@@ -19,7 +19,7 @@ import torch
 
 from eagle3.core.device import DTYPES, JOBS, Shape, _job_work, choose, machine, measure_decision
 from eagle3.core.params import TargetParams
-from eagle3.target.load import load_target_config
+from eagle3.verifier.load import load_target_config
 
 
 def wall_ratio(job: str, shape: Shape, reps: int) -> float:

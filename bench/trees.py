@@ -20,7 +20,7 @@ from bench.decoding import load_pair, mtbench_prompts
 from eagle3.core.device import DTYPES
 from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
 from eagle3.decoding.evaluate import prompt_lookup_decode
-from eagle3.target.load import eos_token_ids
+from eagle3.verifier.load import eos_token_ids
 
 
 def parse_shape(text: str) -> dict:

@@ -12,8 +12,8 @@ from eagle3.core.params import Params
 def shapes(params: Params) -> dict[str, Shape]:
     """The sizes each measurement is taken at: the target's, and the drafter layer train builds."""
     from eagle3.drafter.config import DrafterConfig  # noqa: PLC0415 - heavy imports, stage-only
-    from eagle3.target.load import load_target_config  # noqa: PLC0415
     from eagle3.train.prepare import drafter_config  # noqa: PLC0415
+    from eagle3.verifier.load import load_target_config  # noqa: PLC0415
 
     config = load_target_config(params.target)
     text = getattr(config, "text_config", None) or config

@@ -1,5 +1,5 @@
 """Stage extract: conversations -> captured aux/last hidden states in a sharded feature store
-(hf: the loaded target's forwards; sglang: running SGLang servers, eagle3/data/sglang_extract.py)."""
+(hf: the loaded target's forwards; sglang: running SGLang servers, eagle3/sglang/extract.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import read_json, write_metrics
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.extract import extract_features
-from eagle3.target.load import load_target
+from eagle3.verifier.load import load_target
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/extract")
@@ -33,7 +33,7 @@ def extract_hf(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, st
 
 
 def extract_sglang(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, str]:
-    from eagle3.data.sglang_extract import extract_with_sglang  # the hf path needs no HTTP client
+    from eagle3.sglang.extract import extract_with_sglang  # the hf path needs no HTTP client
 
     return extract_with_sglang(params, fingerprint, OUT, stats=stats), fingerprint["dtype"]
 

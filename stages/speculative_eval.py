@@ -13,14 +13,14 @@ from eagle3.core.packed import pack_linears
 from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import write_json, write_metrics
 from eagle3.core.tracking import pipeline_run
-from eagle3.data.render import render_prompt, user_turn
 from eagle3.decoding.engine import SpecEngine
 from eagle3.decoding.evaluate import run_comparison, summarize, summarize_spread
 from eagle3.decoding.prompts import load_prompts
 from eagle3.decoding.report import category_table, interval_line, write_acceptance_plot
 from eagle3.drafter.export import load_drafter, load_drafter_config, trained_ttt_length
-from eagle3.target.load import eos_token_ids, has_chat_template, load_target
-from eagle3.target.sglang_eval import evaluate_on_sglang, summary_line, unexplained
+from eagle3.sglang.evaluate import evaluate_on_sglang, summary_line, unexplained
+from eagle3.verifier.load import eos_token_ids, has_chat_template, load_target
+from eagle3.verifier.render import render_prompt, user_turn
 from eagle3.vocab import coverage_of
 from stages.common import console, reported_failures, validated_params
 
@@ -73,7 +73,7 @@ def main() -> None:
                 f"positions {ttt_length + 1}..{ev.k} come from unroll steps never trained"
             )
         chat = has_chat_template(params.target.source)
-        # rendered as extract renders a training prompt (eagle3/data/render.py)
+        # rendered as extract renders a training prompt (eagle3/verifier/render.py)
         batch = [(p.id, render_prompt(target.tokenizer, user_turn(p.text), chat).tolist()) for p in prompts]
         eos = eos_token_ids(target.model, target.tokenizer)
         greedy = ev.temperature == 0
@@ -138,7 +138,7 @@ def main() -> None:
 
 def evaluate_sglang(params, prompts, drafter_dir: Path) -> None:
     """eval.backend sglang: servers started (or given), decoded, measured by
-    eagle3/target/sglang_eval.py; written as the hf backend writes its results."""
+    eagle3/sglang/evaluate.py; written as the hf backend writes its results."""
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("speculative-eval (SGLang)", total=len(prompts))
         result = evaluate_on_sglang(params, prompts, drafter_dir, lambda _: progress.advance(task))

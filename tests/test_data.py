@@ -13,10 +13,10 @@ from conftest import SHAREGPT_SAMPLE
 from eagle3.core.params import parse_params
 from eagle3.data.conversations import load_conversations, normalise, read_complete_records
 from eagle3.data.extract import extract_features
-from eagle3.data.render import assistant_spans, render_conversation, render_prompt, user_turn
 from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore
-from eagle3.target.load import eos_token_ids
-from eagle3.target.patch_check import fingerprint
+from eagle3.verifier.load import eos_token_ids
+from eagle3.verifier.patch_check import fingerprint
+from eagle3.verifier.render import assistant_spans, render_conversation, render_prompt, user_turn
 
 AUX = [1, 14, 26]
 

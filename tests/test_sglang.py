@@ -22,11 +22,8 @@ from safetensors.torch import load_file
 
 from eagle3.core.params import ParamsError, parse_params
 from eagle3.data.extract import extract_features, run_extraction
-from eagle3.data.sglang_extract import check_inputs, eos_ids, sglang_group_fn
 from eagle3.data.store import FEATURE_KEYS, MANIFEST, TOPK_KEYS, FeatureStore
-from eagle3.target.load import resolve_target
-from eagle3.target.patch_check import PatchCheckError, fingerprint
-from eagle3.target.sglang_check import (
+from eagle3.sglang.check import (
     CHECK_CONVERSATIONS,
     MAX_TOP1_LOGPROB_ERROR,
     MIN_MEAN_COSINE,
@@ -39,9 +36,15 @@ from eagle3.target.sglang_check import (
     run_sglang_patch_check,
     sglang_fingerprint,
 )
-from eagle3.target.sglang_client import ServerPool, SGLangError
-from eagle3.target.sglang_engine import check_server_args, layer_id_rule
-from eagle3.target.sglang_rows import PartialPrefillError, parse_rows, prefill_body, request_rows
+from eagle3.sglang.client import ServerPool, SGLangError
+from eagle3.sglang.extract import sglang_group_fn
+from eagle3.sglang.layer_ids import layer_id_rule
+from eagle3.sglang.patch_check import check_inputs
+from eagle3.sglang.rows import PartialPrefillError, parse_rows, prefill_body, request_rows
+from eagle3.sglang.server_args import check_server_args
+from eagle3.sglang.servers import ExtractionServers, TopLogprobs
+from eagle3.verifier.load import eos_token_ids_of_folder, resolve_target
+from eagle3.verifier.patch_check import PatchCheckError, fingerprint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 REPO = Path(__file__).resolve().parents[1]
@@ -330,10 +333,13 @@ def test_params_list_servers_and_refuse_what_cannot_run():
             }
         }
     )
-    assert params.extract.sglang_urls() == (["http://a:1", "http://b:1"], ["http://c:1"])
+    servers = ExtractionServers.from_params(params.extract)
+    assert servers.aux.urls == ["http://a:1", "http://b:1"] and servers.final.urls == ["http://c:1"]
+    assert servers.top_logprobs is None
     # the default takes the target's prediction from the aux request: one kind of server
     default = parse_params({"extract": {"backend": "sglang", "sglang_url": "http://a:1"}}).extract
     assert (default.sglang_target, default.sglang_top_logprobs) == ("top_logprobs", 20)
+    assert ExtractionServers.from_params(default).mode == TopLogprobs(20)
     with pytest.raises(ParamsError, match="final_state' needs sglang_final_url"):
         parse_params(
             {"extract": {"backend": "sglang", "sglang_target": "final_state", "sglang_url": "http://a:1"}}
@@ -423,25 +429,21 @@ def tiny(data_file: Path, aux_url: str, final_url: str | None, **data) -> dict:
     }
 
 
-def run_sglang(params, smollm2, out: Path, aux_url: str, final_url: str | None = None) -> dict:
+def run_sglang(params, smollm2, out: Path) -> dict:
     path = resolve_target(params.target.source)
-    compute = sglang_group_fn(
-        ServerPool([aux_url]),
-        ServerPool([final_url]) if final_url else None,
-        H,
-        params,
-        smollm2.tokenizer,
-        True,
-        eos_ids(path, smollm2.tokenizer),
-    )
+    servers = ExtractionServers.from_params(params.extract)  # the servers `tiny` names
+    stop = eos_token_ids_of_folder(path, smollm2.tokenizer)
+    compute = sglang_group_fn(servers, H, params, smollm2.tokenizer, True, stop)
     fp = fingerprint(smollm2, AUX)
-    return run_extraction(smollm2.tokenizer, True, H, params, AUX, fp, out, compute)
+    return run_extraction(
+        smollm2.tokenizer, True, H, params, AUX, fp, out, compute, target_topk=servers.top_logprobs
+    )
 
 
 def test_sglang_shards_match_the_hf_backend_format(servers, smollm2, tmp_path):
     aux, final = servers
     params = parse_params(tiny(conversations_file(tmp_path), aux.url, final.url))
-    manifest = run_sglang(params, smollm2, tmp_path / "sglang", aux.url, final.url)
+    manifest = run_sglang(params, smollm2, tmp_path / "sglang")
     hf_params = params.model_copy(update={"extract": params.extract.model_copy(update={"backend": "hf"})})
     hf_manifest = extract_features(smollm2, hf_params, AUX, fingerprint(smollm2, AUX), tmp_path / "hf")
     assert sorted(p.name for p in (tmp_path / "sglang").iterdir()) == sorted(
@@ -471,7 +473,7 @@ def test_self_distillation_through_sglang_takes_the_generations_own_rows(servers
     data.write_text(data.read_text().splitlines()[0] + "\n")  # the recorded generation's prompt
     raw = tiny(data, aux.url, final.url, num_samples=1, regenerate=True, regenerate_max_new_tokens=16)
     params = parse_params(raw)
-    run_sglang(params, smollm2, tmp_path / "sglang", aux.url, final.url)
+    run_sglang(params, smollm2, tmp_path / "sglang")
     sample = FeatureStore(tmp_path / "sglang").sample(0)
     prompt = fixture("req_04.json")["input_ids"]
     generated = fixture("resp_04.json")["output_ids"]  # EOS (2) at index 7; ignore_eos went on
@@ -495,7 +497,7 @@ def test_self_distillation_through_sglang_takes_the_generations_own_rows(servers
 def test_top_n_shards_hold_the_targets_top_logprobs_in_place_of_last_hidden(servers, smollm2, tmp_path):
     aux, final = servers
     params = parse_params(tiny(conversations_file(tmp_path), aux.url, None))
-    manifest = run_sglang(params, smollm2, tmp_path / "sglang", aux.url)
+    manifest = run_sglang(params, smollm2, tmp_path / "sglang")
     assert manifest["target_topk"] == 20 and manifest["bytes_per_token"] == 3 * H * 2 + 20 * 8 + 5
     assert len(aux.requests) == 3 and not final.requests  # one request per sample, one kind of server
     assert aux.flushes == 0  # logprobs from position 0 keep the server off its prefix cache
@@ -524,7 +526,7 @@ def test_self_distillation_through_sglang_stores_the_generations_top_logprobs(se
     data = conversations_file(tmp_path)
     data.write_text(data.read_text().splitlines()[0] + "\n")  # the recorded generation's prompt
     raw = tiny(data, aux.url, None, num_samples=1, regenerate=True, regenerate_max_new_tokens=16)
-    run_sglang(parse_params(raw), smollm2, tmp_path / "sglang", aux.url)
+    run_sglang(parse_params(raw), smollm2, tmp_path / "sglang")
     sample = FeatureStore(tmp_path / "sglang").sample(0)
     generated = fixture("lp_resp_04.json")["output_ids"]
     assert aux.requests[0]["top_logprobs_num"] == 20 and aux.requests[0]["logprob_start_len"] == 0

@@ -22,15 +22,15 @@ from project_copy import copy_code
 from eagle3.cli.serve import serve_commands
 from eagle3.core.params import ParamsError, parse_params
 from eagle3.decoding.prompts import load_prompts
-from eagle3.target.sglang_client import SGLangError
-from eagle3.target.sglang_eval import (
+from eagle3.sglang.client import SGLangError
+from eagle3.sglang.evaluate import (
     NOT_MEASURED,
     check_inputs,
     drafter_refusal,
     evaluate_on_sglang,
 )
-from eagle3.target.sglang_launch import LaunchError
-from eagle3.target.sglang_spec import SpecResponse, SpecServerError, SpecShape, eagle3_shape, ngram_flags
+from eagle3.sglang.launch import LaunchError
+from eagle3.sglang.speculative import SpecResponse, SpecServerError, SpecShape, eagle3_shape, ngram_flags
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 REPO = Path(__file__).resolve().parents[1]
@@ -329,7 +329,7 @@ def shipped_copy(tmp_path: Path, **config) -> Path:
 def test_a_drafter_sglang_cannot_load_as_trained_is_refused(tmp_path, change, message):
     from transformers import AutoConfig  # noqa: PLC0415
 
-    from eagle3.target.load import resolve_target  # noqa: PLC0415
+    from eagle3.verifier.load import resolve_target  # noqa: PLC0415
 
     folder = shipped_copy(tmp_path, **change)
     assert (

@@ -32,15 +32,16 @@ from project_copy import copy_code
 
 from eagle3.core.params import parse_params
 from eagle3.data.extract import extract_features, select_conversations
-from eagle3.data.render import render_prompt
 from eagle3.data.store import MANIFEST, FeatureStore
-from eagle3.target.load import resolve_target
-from eagle3.target.patch_check import fingerprint
-from eagle3.target.sglang_check import MIN_ROW_COSINE, hf_reference, logprob_agreement
-from eagle3.target.sglang_client import ServerPool
-from eagle3.target.sglang_engine import check_server_args, layer_id_rule
-from eagle3.target.sglang_launch import stop_group
-from eagle3.target.sglang_rows import prefill_body, request_rows
+from eagle3.sglang.check import MIN_ROW_COSINE, hf_reference, logprob_agreement
+from eagle3.sglang.client import ServerPool
+from eagle3.sglang.launch import stop_group
+from eagle3.sglang.layer_ids import layer_id_rule
+from eagle3.sglang.rows import prefill_body, request_rows
+from eagle3.sglang.server_args import check_server_args
+from eagle3.verifier.load import resolve_target
+from eagle3.verifier.patch_check import fingerprint
+from eagle3.verifier.render import render_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "tools" / "sglang_cpu"  # holds the sgl_kernel stand-in

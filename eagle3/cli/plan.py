@@ -53,7 +53,7 @@ def read_target_config(source: str) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        from eagle3.target.load import PACKAGES, resolve_target  # noqa: PLC0415 - converts a GGUF
+        from eagle3.verifier.load import PACKAGES, resolve_target  # noqa: PLC0415 - converts a GGUF
 
         if source not in PACKAGES:
             raise InputError(

@@ -1,7 +1,7 @@
 """`eagle3 serve-command`: the exact commands that serve the target with the trained drafter.
 
 Draft shape comes from the eval params, which the speculative-eval stage measured (the mapping
-lives in eagle3/target/sglang_spec.py, which eval.backend: sglang launches with):
+lives in eagle3/sglang/speculative.py, which eval.backend: sglang launches with):
   chain (eval.k drafts, one per step): SGLang --speculative-num-steps k --speculative-eagle-topk 1
       --speculative-num-draft-tokens k + 1 (the drafts plus the token they extend);
   tree (depth eval.k, eval.topk children, eval.tree_budget drafts): steps k, topk, budget + 1.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from eagle3.core.params import Params
 from eagle3.drafter.export import trained_ttt_length
-from eagle3.target.load import resolve_target
-from eagle3.target.sglang_spec import SpecShape, eagle3_flags, eagle3_shape
+from eagle3.sglang.speculative import SpecShape, eagle3_flags, eagle3_shape
+from eagle3.verifier.load import resolve_target
 
 DEFAULT_DRAFTER = Path("artifacts/train/drafter")
 
@@ -38,7 +38,7 @@ def drafter_folder(params: Params, drafter: str | None = None) -> Path:
 
 def draft_shape(params: Params) -> tuple[int, int, int]:
     """(num_steps, topk, num_draft_tokens) for SGLang from the eval params: the mapping
-    speculative-eval's sglang backend serves too (eagle3/target/sglang_spec.py)."""
+    speculative-eval's sglang backend serves too (eagle3/sglang/speculative.py)."""
     ev = params.eval
     shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)
     return shape.num_steps, shape.topk, shape.num_draft_tokens

@@ -134,14 +134,6 @@ class ExtractParams(Section):
             )
         return self
 
-    def sglang_urls(self) -> tuple[list[str], list[str]]:
-        """(aux-mode servers, final-state servers) as lists."""
-
-        def listed(urls: str | list[str] | None) -> list[str]:
-            return [urls] if isinstance(urls, str) else list(urls or [])
-
-        return listed(self.sglang_url), listed(self.sglang_final_url)
-
 
 class VocabParams(Section):
     size: int = Field(default=8192, ge=1)
@@ -227,7 +219,7 @@ class TrainParams(Section):
 class EvalParams(Section):
     # hf: the project's own engine over transformers. sglang: SGLang's own speculative decoding
     # (EAGLE-3 with the drafter, NGRAM as the peer, a plain server as the baseline), measured in
-    # the same schema (eagle3/target/sglang_eval.py; README "Speculative-eval on SGLang").
+    # the same schema (eagle3/sglang/evaluate.py; README "Speculative-eval on SGLang").
     backend: Literal["hf", "sglang"] = "hf"
     # sglang: running servers (the plain baseline, EAGLE-3 with eval.drafter, NGRAM when
     # eval.prompt_lookup), or null = the stage starts them with eval.sglang_python

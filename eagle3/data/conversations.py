@@ -16,6 +16,7 @@ from pathlib import Path
 
 from eagle3.core.inputs import InputError, jsonl_lines
 from eagle3.core.packages import package_dir
+from eagle3.verifier.render import Message
 
 ROLES = {
     "human": "user",
@@ -27,8 +28,6 @@ ROLES = {
     "bing": "assistant",
     "system": "system",
 }
-
-Message = dict[str, str]  # {"role": ..., "content": ...}
 
 
 def sharegpt_path() -> Path:

@@ -18,9 +18,8 @@ from safetensors import safe_open
 
 from eagle3.core.params import Params
 from eagle3.core.stageio import sha256_json
-from eagle3.data.conversations import Message, load_conversations, sample_order
+from eagle3.data.conversations import load_conversations, sample_order
 from eagle3.data.onpolicy import generate_with_features
-from eagle3.data.render import Rendered, render_conversation, render_prompt
 from eagle3.data.store import (
     JOURNAL,
     SCHEMA_VERSION,
@@ -31,8 +30,9 @@ from eagle3.data.store import (
     write_shard,
     write_tokens,
 )
-from eagle3.target.capture import capture_hidden_states
-from eagle3.target.load import Target, eos_token_ids, has_chat_template
+from eagle3.verifier.capture import capture_hidden_states
+from eagle3.verifier.load import Target, eos_token_ids, has_chat_template
+from eagle3.verifier.render import Message, Rendered, render_conversation, render_prompt
 
 
 @dataclass
@@ -149,12 +149,6 @@ def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int
 TRANSPORT_KEYS = {"sglang_url", "sglang_final_url", "sglang_requests_in_flight"}
 
 
-def stored_topk(params: Params) -> int | None:
-    """N when the store holds the target's top-N predictions (SGLang top logprobs), else None."""
-    e = params.extract
-    return e.sglang_top_logprobs if e.backend == "sglang" and e.sglang_target == "top_logprobs" else None
-
-
 def config_hash(params: Params, fingerprint: dict) -> str:
     extract = params.extract.model_dump(exclude=TRANSPORT_KEYS)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
@@ -240,11 +234,13 @@ def run_extraction(
     compute: GroupFn,
     stop_after_shards: int | None = None,
     stats: dict | None = None,
+    target_topk: int | None = None,
 ) -> dict:
     """The backend-independent part: select, cut into shards, resume, write shards and manifest.
     `compute` turns one shard's conversations into samples (hf_group_fn, or the SGLang backend's).
     `stats`, when given, gets "computed_tokens" and "computed_seconds": the shards this run
-    computed, not those it resumed (the manifest is the same either way)."""
+    computed, not those it resumed (the manifest is the same either way). `target_topk` N: the
+    samples hold the target's top-N predictions in place of last_hidden (SGLang top logprobs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     key = config_hash(params, fingerprint)
     # Bad data fails here, before anything of the last run is removed.
@@ -295,9 +291,11 @@ def run_extraction(
         "data": params.data.model_dump(),
         "shards": shards,
     }
-    topk = stored_topk(params)
-    if topk:  # the target's top-N (id int32 + logprob float32) in place of last_hidden
-        manifest |= {"target_topk": topk, "bytes_per_token": 3 * hidden_size * 2 + topk * 8 + 4 + 1}
+    if target_topk:  # the target's top-N (id int32 + logprob float32) in place of last_hidden
+        manifest |= {
+            "target_topk": target_topk,
+            "bytes_per_token": 3 * hidden_size * 2 + target_topk * 8 + 4 + 1,
+        }
     manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum
     (out_dir / JOURNAL).unlink(missing_ok=True)
     return manifest

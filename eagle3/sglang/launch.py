@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3.target.sglang_engine import SUPPORTED_VERSIONS
+from eagle3.sglang.server_args import SUPPORTED_VERSIONS
 
 PYTHON_ENV = "EAGLE3_SGLANG_PYTHON"
 CPU_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "sglang_cpu"

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3.target.sglang_engine import SUPPORTED_VERSIONS
+from eagle3.sglang.server_args import SUPPORTED_VERSIONS
 
 EAGLE3, NGRAM = "EAGLE3", "NGRAM"
 # server args recorded with every result: what decides the numbers

@@ -1,11 +1,11 @@
 """speculative-eval on SGLang (eval.backend: sglang): the drafter measured the way users serve it.
 
-Three servers of the target, started here (eagle3/target/sglang_launch.py) or given by URL:
+Three servers of the target, started here (eagle3/sglang/launch.py) or given by URL:
 plain greedy decoding (the baseline), EAGLE-3 with the drafter under evaluation (shape from
-eval.mode / k / topk / tree_budget through eagle3/target/sglang_spec.py, the mapping `eagle3
+eval.mode / k / topk / tree_budget through eagle3/sglang/speculative.py, the mapping `eagle3
 serve-command` prints) and SGLang's NGRAM speculation (the peer that needs no training, in the
 place of the hf backend's prompt lookup). Every prompt is rendered as the hf backend renders it
-(eagle3/data/render.py) and sent as input_ids to the three servers in turn, rotating the order
+(eagle3/verifier/render.py) and sent as input_ids to the three servers in turn, rotating the order
 per prompt, greedy; the first prompt warms each server up untimed.
 
 The results become the hf backend's PromptResults, so the metrics, per-category figures and
@@ -47,15 +47,13 @@ from transformers import AutoConfig, AutoTokenizer
 from eagle3.core.device import machine
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params
-from eagle3.data.render import render_prompt, user_turn
 from eagle3.decoding.divergence import check_divergence
 from eagle3.decoding.engine import Generation
 from eagle3.decoding.evaluate import EvalRun, PromptResult, summarize, summarize_spread
 from eagle3.decoding.prompts import Prompt
 from eagle3.drafter.export import load_drafter_config, trained_ttt_length
-from eagle3.target.load import has_chat_template, load_target, resolve_target
-from eagle3.target.sglang_client import ServerPool, SGLangError
-from eagle3.target.sglang_launch import (
+from eagle3.sglang.client import ServerPool, SGLangError
+from eagle3.sglang.launch import (
     Launch,
     LaunchError,
     installed_version,
@@ -64,7 +62,7 @@ from eagle3.target.sglang_launch import (
     stop_servers,
     terminated_as_exit,
 )
-from eagle3.target.sglang_spec import (
+from eagle3.sglang.speculative import (
     EAGLE3,
     NGRAM,
     SpecResponse,
@@ -75,6 +73,8 @@ from eagle3.target.sglang_spec import (
     ngram_flags,
     servable,
 )
+from eagle3.verifier.load import has_chat_template, load_target, resolve_target
+from eagle3.verifier.render import render_prompt, user_turn
 from eagle3.vocab import coverage_of
 
 PLAIN, SPEC, PEER = "plain", "eagle3", "ngram"

@@ -17,9 +17,9 @@ import torch
 import transformers
 
 from eagle3.core.stageio import sha256_files
-from eagle3.target.capture import capture_hidden_states
-from eagle3.target.load import Target
-from eagle3.target.sglang_engine import LAYER_ID_RULES, serving_rule
+from eagle3.sglang.layer_ids import LAYER_ID_RULES, serving_rule
+from eagle3.verifier.capture import capture_hidden_states
+from eagle3.verifier.load import Target
 
 CHECK_PROMPTS = (
     "The quick brown fox jumps over the lazy dog.",

@@ -25,6 +25,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
     AutoTokenizer,
+    GenerationConfig,
     PreTrainedModel,
 )
 
@@ -316,8 +317,22 @@ def load_target(params: TargetParams, job: Job = "prefill") -> Target:
 
 def eos_token_ids(model: PreTrainedModel, tokenizer) -> frozenset[int]:
     """Every id that ends an answer: the generation config's EOS ids and the tokenizer's."""
+    return _eos_ids(model.generation_config.eos_token_id, tokenizer)
+
+
+def eos_token_ids_of_folder(path: str, tokenizer) -> frozenset[int]:
+    """eos_token_ids without loading the model (SGLang serves it): the folder's
+    generation_config.json, where there is one, and the tokenizer's."""
+    try:
+        generation = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:  # no generation_config.json
+        generation = None
+    return _eos_ids(generation, tokenizer)
+
+
+def _eos_ids(generation: int | list[int] | None, tokenizer) -> frozenset[int]:
     ids: set[int] = set()
-    for source in (model.generation_config.eos_token_id, getattr(tokenizer, "eos_token_id", None)):
+    for source in (generation, getattr(tokenizer, "eos_token_id", None)):
         if isinstance(source, int):
             ids.add(source)
         elif source:

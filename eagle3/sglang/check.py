@@ -4,7 +4,7 @@ with the HF float32 reference within the bf16 tolerance measured in tests/fixtur
 do the target's top-N logprobs (sglang_target: top_logprobs), position by position.
 
 Every server of both pools is checked on the same few conversations (the ones recorded in the
-fixtures), rendered by the caller exactly as extraction renders them (eagle3/data/sglang_extract.py).
+fixtures), rendered by the caller exactly as extraction renders them (eagle3/sglang/patch_check.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from eagle3.target.patch_check import PatchCheckError
-from eagle3.target.sglang_client import ServerPool
-from eagle3.target.sglang_engine import LayerIdRule, check_pool_args
-from eagle3.target.sglang_rows import generate_body, prefill_body, request_rows
+from eagle3.sglang.client import ServerPool
+from eagle3.sglang.layer_ids import LayerIdRule
+from eagle3.sglang.rows import generate_body, prefill_body, request_rows
+from eagle3.sglang.server_args import check_pool_args
+from eagle3.verifier.patch_check import PatchCheckError
 
 CHECK_CONVERSATIONS = (
     (

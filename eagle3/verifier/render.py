@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eagle3.data.conversations import Message
+Message = dict[str, str]  # {"role": ..., "content": ...}, as a chat template takes it
 
 
 @dataclass

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from eagle3.target.sglang_client import ServerPool, SGLangError
+from eagle3.sglang.client import ServerPool, SGLangError
 
 # Flushes and re-requests before a prefix-cache hit is reported as an error.
 CACHE_HIT_RETRIES = 3
