@@ -25,26 +25,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3.core.device import native_bf16, resolve_dtype  # noqa: E402
-from eagle3.core.params import TrainParams  # noqa: E402
+from eagle3.core.params import TargetParams, TrainParams, default_aux_layers  # noqa: E402
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
 from eagle3.train.prepare import estimate_peak_gib  # noqa: E402
 from eagle3.train.ttt import TTTModel, flops_per_token_step  # noqa: E402
+from eagle3.verifier.load import load_target_config  # noqa: E402
 
-SMOLLM2 = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    rms_norm_eps=1e-5,
-    rope_theta=1e5,
-    max_position_embeddings=8192,
-    hidden_act="silu",
-    vocab_size=49152,
-    target_hidden_size=576,
-    aux_layer_ids=[1, 14, 26],
-)
+
+def smollm2_drafter(k: int) -> DrafterConfig:
+    """The drafter train builds for the default target, SmolLM2-135M-Instruct, with draft vocabulary k."""
+    target = load_target_config(TargetParams())
+    return DrafterConfig.from_target_config(target, k, default_aux_layers(target.num_hidden_layers))
 
 
 def matmul_rate(dtype: torch.dtype, m: int, k: int, n: int, seconds: float = 1.5) -> float:
@@ -78,7 +70,7 @@ def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int) ->
     dtype = resolve_dtype(dtype_name)
     autocast = dtype == torch.bfloat16
     master = torch.float32 if autocast else dtype
-    cfg = DrafterConfig(**SMOLLM2, draft_vocab_size=k)
+    cfg = smollm2_drafter(k)
     torch.manual_seed(0)
     drafter = Eagle3Drafter(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size).to(dtype)).to(master)
     model = TTTModel(drafter, torch.randn(k, cfg.hidden_size).to(dtype), ttt, 0.8)
@@ -178,7 +170,7 @@ def main() -> None:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         peak = json.loads(out)["peak_bytes"] / 2**30
         est = estimate_peak_gib(
-            DrafterConfig(**SMOLLM2, draft_vocab_size=k),
+            smollm2_drafter(k),
             TrainParams(batch_size=args.batch, seq_len=args.seq, ttt_length=args.ttt),
         )
         print(f"  K={k:>7,}: peak {peak:5.2f} GiB (estimate used by the pre-flight check: {est:5.2f} GiB)")

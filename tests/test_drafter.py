@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny_drafters import tiny_drafter_config
 
 from eagle3.drafter import DrafterCache, DrafterConfig, Eagle3Drafter, export_drafter, load_drafter
 
@@ -60,22 +61,7 @@ SGLANG_CONFIG_FIELDS = [
 
 
 def tiny_config(k: int = K, **kw) -> DrafterConfig:
-    return DrafterConfig(
-        hidden_size=H,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        hidden_act="silu",
-        vocab_size=V,
-        draft_vocab_size=k,
-        target_hidden_size=H,
-        aux_layer_ids=[1, 3, 5],
-        **kw,
-    )
+    return tiny_drafter_config(H, V, k, aux_layer_ids=[1, 3, 5], **kw)
 
 
 def tiny_mapping(k: int = K) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from tiny_drafters import tiny_drafter_config
 
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter, load_drafter
 from eagle3.drafter.export import load_drafter_config
@@ -171,22 +172,8 @@ def eagle_reference_plan(folder: Path) -> Plan:
 
 
 def config(**kw) -> DrafterConfig:
-    base = dict(
-        hidden_size=H,
-        intermediate_size=96,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        hidden_act="silu",
-        vocab_size=V,
-        draft_vocab_size=K,
-        target_hidden_size=H,
-        aux_layer_ids=[1, 3, 5],
-    )
-    return DrafterConfig(**(base | kw))
+    sizes = {"hidden_size": H, "vocab_size": V, "draft_vocab_size": K, "intermediate_size": 96}
+    return tiny_drafter_config(**(sizes | {"aux_layer_ids": [1, 3, 5]} | kw))
 
 
 def target_tensors() -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tiny_drafters import tiny_drafter_config
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from eagle3.cli.main import main as cli
@@ -79,22 +80,7 @@ def test_default_drafter_shape_difference_is_named():
 
 
 def _tiny_cfg(**kw) -> DrafterConfig:
-    base = dict(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-5,
-        rope_theta=1e4,
-        max_position_embeddings=256,
-        hidden_act="silu",
-        vocab_size=200,
-        draft_vocab_size=50,
-        target_hidden_size=32,
-        aux_layer_ids=[1, 2, 3],
-    )
-    return DrafterConfig(**(base | kw))
+    return tiny_drafter_config(**({"vocab_size": 200, "draft_vocab_size": 50, "intermediate_size": 48} | kw))
 
 
 @pytest.mark.parametrize("fc_norm", [False, True])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_drafters import tiny_drafter_config
 
 from eagle3.core.params import ParamsError, TrainParams, parse_params
 from eagle3.core.stageio import write_json
@@ -68,21 +69,7 @@ def tiny_store(folder: Path, n: int = 24, seed: int = 0) -> FeatureStore:
 
 
 def tiny_cfg(k: int = K) -> DrafterConfig:
-    return DrafterConfig(
-        hidden_size=H,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-5,
-        rope_theta=1e4,
-        max_position_embeddings=512,
-        hidden_act="silu",
-        vocab_size=V,
-        draft_vocab_size=k,
-        target_hidden_size=H,
-        aux_layer_ids=[1, 2, 3],
-    )
+    return tiny_drafter_config(H, V, k, max_position_embeddings=512)
 
 
 def tiny_inputs(folder: Path, p: TrainParams | None = None) -> TrainInputs:
