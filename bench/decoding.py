@@ -16,15 +16,11 @@ import statistics
 from pathlib import Path
 
 from eagle3.core.device import DTYPES, machine
-from eagle3.core.packed import pack_linears
-from eagle3.core.params import TargetParams, default_aux_layers
-from eagle3.decoding.engine import SpecEngine
+from eagle3.core.params import TargetParams
 from eagle3.decoding.evaluate import run_comparison, summarize
-from eagle3.decoding.prompts import load_prompts
-from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.drafter.export import load_drafter
-from eagle3.verifier.load import Target, eos_token_ids, load_target
-from eagle3.verifier.render import render_prompt, user_turn
+from eagle3.decoding.prompts import load_prompts, render_prompts
+from eagle3.decoding.setup import DecodingSetup
+from eagle3.verifier.load import Target, has_chat_template
 
 
 def load_pair(
@@ -34,32 +30,25 @@ def load_pair(
     drafter_dtype: str,
     threads: int | None = None,
     pack: bool = True,
-) -> tuple[Target, Eagle3Drafter]:
-    """The target and the drafter as speculative-eval runs them (oneDNN-packed unless `pack` is
-    off); a random drafter when `drafter_dir` holds none (acceptance ~0: the engine's overhead)."""
-    target = load_target(TargetParams(source=source, dtype=dtype, threads=threads))
+) -> DecodingSetup:
+    """The target and the drafter as speculative-eval runs them (eagle3/decoding/setup.py;
+    oneDNN-packed unless `pack` is off); a random drafter when `drafter_dir` holds none
+    (acceptance ~0: the engine's overhead)."""
+    exported = (Path(drafter_dir) / "config.json").exists()
+    target = TargetParams(source=source, dtype=dtype, threads=threads)
+    setup = DecodingSetup.load(target, Path(drafter_dir) if exported else None, drafter_dtype, pack)
     print("machine:", machine())
-    embed = target.model.get_input_embeddings().weight
-    if (Path(drafter_dir) / "config.json").exists():
-        drafter = load_drafter(drafter_dir, embed, dtype=DTYPES[drafter_dtype])
+    if exported:
         print(f"drafter: {drafter_dir}")
     else:
-        cfg = DrafterConfig.from_target_config(target.config, 8192, default_aux_layers(target.num_layers))
-        drafter = Eagle3Drafter(cfg, embed).to(DTYPES[drafter_dtype]).eval().requires_grad_(False)
         print("drafter: random (no exported drafter found): measures overhead, not speedup")
-    if pack:  # as speculative-eval does (eval.pack_weights)
-        pack_linears(target.model)
-        pack_linears(drafter)
-    return target, drafter
+    return setup
 
 
 def mtbench_prompts(target: Target, n: int) -> list[tuple[str, list[int]]]:
     """(id, token ids) of the first n MT-bench prompts (one per category in turn), rendered as
     speculative-eval renders them."""
-    return [
-        (p.id, render_prompt(target.tokenizer, user_turn(p.text), True).tolist())
-        for p in load_prompts(None, n)
-    ]
+    return render_prompts(target.tokenizer, load_prompts(None, n), has_chat_template(target.source))
 
 
 def main() -> None:
@@ -79,23 +68,16 @@ def main() -> None:
     ap.add_argument("--no-pack", action="store_true", help="keep the default (unpacked) float32 weights")
     args = ap.parse_args()
 
-    target, drafter = load_pair(
+    setup = load_pair(
         args.target, args.dtype, args.drafter, args.drafter_dtype, args.threads, pack=not args.no_pack
     )
-    engine = SpecEngine.for_target(
-        target,
-        drafter,
-        mode=args.mode,
-        k=args.k,
-        topk=args.topk,
-        tree_budget=args.budget,
-    )
-    batch = mtbench_prompts(target, args.prompts)
+    engine = setup.engine(mode=args.mode, k=args.k, topk=args.topk, tree_budget=args.budget)
+    batch = mtbench_prompts(setup.target, args.prompts)
     run = run_comparison(
         engine,
         batch,
         args.tokens,
-        eos_token_ids(target.model, target.tokenizer),
+        setup.eos,
         prompt_lookup_tokens=args.lookup or None,
         check=False,
     )

@@ -21,14 +21,11 @@ import time
 
 import torch
 
-from bench.decoding import load_pair
+from bench.decoding import load_pair, mtbench_prompts
 from eagle3.core.device import machine
 from eagle3.core.packed import pack_linears
 from eagle3.decoding.engine import SpecEngine, greedy_decode
-from eagle3.decoding.prompts import load_prompts
 from eagle3.drafter.export import load_drafter
-from eagle3.verifier.load import eos_token_ids
-from eagle3.verifier.render import render_prompt, user_turn
 
 
 def cpu_timed(fn):
@@ -49,22 +46,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="1: all work on this thread, CPU time exact")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    target, drafter_bf16 = load_pair(args.target, "float32", args.drafter, "bfloat16", args.threads)
+    setup = load_pair(args.target, "float32", args.drafter, "bfloat16", args.threads)
+    target, eos = setup.target, setup.eos
     embed = target.model.get_input_embeddings().weight
-    drafter_f32 = load_drafter(args.drafter, embed, dtype=torch.float32)
+    drafter_f32 = load_drafter(args.drafter, embed, dtype=torch.float32, target_config=target.config)
     pack_linears(drafter_f32)
     shape = {"mode": "tree", "k": args.k, "topk": args.topk, "tree_budget": args.budget, "lookup_tokens": 0}
     engines = {
         name: SpecEngine.for_target(target, drafter, temperature=0.0, seed=0, **shape)
-        for name, drafter in (("bf16 drafter", drafter_bf16), ("float32 packed drafter", drafter_f32))
+        for name, drafter in (("bf16 drafter", setup.drafter), ("float32 packed drafter", drafter_f32))
     }
-    eos = eos_token_ids(target.model, target.tokenizer)
-    prompts = load_prompts(None, args.prompts, None)
+    prompts = mtbench_prompts(target, args.prompts)
     keys = ("draft", "verify", "cpu", "acc")
     per: dict[str, dict[str, list[float]]] = {name: {key: [] for key in keys} for name in engines}
     plain_cpu = []
-    for i, prompt in enumerate(prompts):
-        ids = render_prompt(target.tokenizer, user_turn(prompt.text), True).tolist()
+    for i, (_, ids) in enumerate(prompts):
         order = list(engines)[i % 2 :] + list(engines)[: i % 2]
         plain, seconds = cpu_timed(lambda: greedy_decode(target.model, ids, args.tokens, eos))  # noqa: B023
         plain_cpu.append(seconds / len(plain.tokens))

@@ -18,9 +18,8 @@ from collections.abc import Callable
 
 from bench.decoding import load_pair, mtbench_prompts
 from eagle3.core.device import DTYPES
-from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
+from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import prompt_lookup_decode
-from eagle3.verifier.load import eos_token_ids
 
 
 def parse_shape(text: str) -> dict:
@@ -50,9 +49,9 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["chain:2", "tree:2:4:6", "tree:2:6:8", "tree:2:8:10"])
     args = ap.parse_args()
 
-    target, drafter = load_pair(args.target, args.dtype, args.drafter, args.drafter_dtype)
-    eos = eos_token_ids(target.model, target.tokenizer)
-    engines = {shape: SpecEngine.for_target(target, drafter, **parse_shape(shape)) for shape in args.shapes}
+    setup = load_pair(args.target, args.dtype, args.drafter, args.drafter_dtype)
+    target, eos = setup.target, setup.eos
+    engines = {shape: setup.engine(**parse_shape(shape)) for shape in args.shapes}
     prompts = [ids for _, ids in mtbench_prompts(target, args.prompts)]
     n = args.tokens
 

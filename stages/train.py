@@ -47,7 +47,7 @@ def main() -> None:
         with pipeline_run(params, "train") as run:
             log = RunLogger(run)
             outcome = train_drafter(p, inputs, CHECKPOINTS, on_step=log.on_step, on_epoch=log.on_epoch)
-            export_drafter(outcome.drafter, OUT)
+            export_drafter(outcome.drafter, OUT, ttt_length=p.ttt_length)
             metrics = stage_metrics(outcome)
             write_metrics("train", metrics)
             write_plots(outcome, Path("plots"))

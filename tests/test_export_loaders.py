@@ -29,7 +29,7 @@ from safetensors import safe_open
 from tiny_drafters import tiny_drafter_config
 
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter, load_drafter
-from eagle3.drafter.export import load_drafter_config
+from eagle3.drafter.export import load_drafter_config, trained_ttt_length
 
 H, V, K = 64, 512, 128
 TARGET = "target"  # the loader uses the target model's tensor
@@ -308,6 +308,20 @@ def test_old_exports_still_load(tmp_path):
     embed, _ = target_tensors()
     loaded = load_drafter(folder, embed, dtype=torch.float32)
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_the_trained_ttt_length_rides_where_loaders_ignore_it(tmp_path):
+    """eagle_config.ttt_length: every loader plans the same as without it, our config reads the
+    same, and the rule on eval.k reads it; an export without it falls back as before."""
+    model, folder = exported(tmp_path / "old", config())
+    assert trained_ttt_length(folder, default=1) == 1  # no key, no params.yaml: the current params
+    recorded = tmp_path / "new"
+    export_drafter(model, recorded, dtype=torch.float32, ttt_length=3)
+    raw = json.loads((recorded / "config.json").read_text())
+    assert raw["eagle_config"]["ttt_length"] == 3 and trained_ttt_length(recorded, default=1) == 3
+    assert sglang_plan(recorded) == sglang_plan(folder)
+    assert eagle_reference_plan(recorded) == eagle_reference_plan(folder)
+    assert load_drafter_config(recorded) == load_drafter_config(folder)
 
 
 # --- the drafters this repository ships --------------------------------------------------------------

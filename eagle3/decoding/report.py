@@ -92,3 +92,15 @@ def interval_line(metrics: dict) -> str:
             parts.append(f"{label} " + (f"[{ci['lo']:.3f}, {ci['hi']:.3f}]" if ci else "-"))
     head = f"{LEVEL:.0%} intervals over prompts ({RESAMPLES} bootstrap resamples): "
     return head + ", ".join(parts)
+
+
+def headline(metrics: dict) -> str:
+    """Acceptance and speed in one line, with the prompt-lookup peer's speedup where it ran."""
+    m = metrics
+    line = (
+        f"acceptance length {m['acceptance_length']:.2f}, {m['tokens_per_s']:.1f} tok/s vs "
+        f"{m['baseline_tokens_per_s']:.1f} plain: speedup {m['speedup']:.2f}x"
+    )
+    if "prompt_lookup_speedup" in m:
+        line += f" (prompt lookup {m['prompt_lookup_speedup']:.2f}x)"
+    return line

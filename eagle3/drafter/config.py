@@ -1,4 +1,5 @@
-"""The drafter's hyper-parameters, mirrored 1:1 by the exported config.json.
+"""The drafter's hyper-parameters, mirrored 1:1 by the exported config.json (which also records
+the TTT length it was trained for, eagle_config.ttt_length: see export.py).
 
 Sizes come from the target (hidden, heads, RoPE; the MLP width too unless train.intermediate_size
 says otherwise), so the drafter's embedding can be the target's own and the serving engine can

@@ -30,6 +30,7 @@ from eagle3.drafter.model import Eagle3Drafter
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 EMBED = "embed_tokens.weight"
+TTT_LENGTH_KEY = "ttt_length"  # in eagle_config: the draft steps the drafter was trained for
 
 
 def export_state_dict(model: Eagle3Drafter, dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
@@ -46,23 +47,36 @@ def export_state_dict(model: Eagle3Drafter, dtype: torch.dtype = torch.bfloat16)
     return out
 
 
-def export_drafter(model: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write config.json + model.safetensors; deterministic bytes for the same weights."""
+def export_drafter(
+    model: Eagle3Drafter,
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    ttt_length: int | None = None,
+) -> None:
+    """Write config.json + model.safetensors; deterministic bytes for the same weights.
+    `ttt_length`: the draft steps it was trained for, recorded as eagle_config.ttt_length (a key
+    SGLang and vLLM ignore) so that evaluating or serving it deeper is refused."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)  # unwrap DDP
     config = model.cfg.to_hf_dict()
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    if ttt_length is not None:
+        config["eagle_config"][TTT_LENGTH_KEY] = ttt_length
     write_json(out_dir / CONFIG, config)
     write_bytes(out_dir / WEIGHTS, save(export_state_dict(model, dtype), metadata={"format": "pt"}))
 
 
 def trained_ttt_length(folder: str | Path, default: int) -> int:
-    """The TTT length a drafter was trained with: a shipped folder's params.yaml (eagle3 ship)
-    says; the train stage's own drafter follows the current params (`default`)."""
+    """The TTT length a drafter was trained with, as its config.json records it. A drafter
+    exported before the key existed: its shipped params.yaml (eagle3 ship) says, else `default`
+    (the current train.ttt_length, for the train stage's own drafter)."""
+    eagle = json.loads((Path(folder) / CONFIG).read_text()).get("eagle_config") or {}
+    if TTT_LENGTH_KEY in eagle:
+        return int(eagle[TTT_LENGTH_KEY])
     # read raw, not through eagle3.core.params: a folder shipped under an older schema need not
     # validate against today's defaults, and only this one key matters here
-    import yaml  # noqa: PLC0415 - only shipped folders need it
+    import yaml  # noqa: PLC0415 - only old shipped folders need it
 
     shipped = Path(folder) / "params.yaml"
     if not shipped.exists():

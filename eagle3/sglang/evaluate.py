@@ -49,8 +49,9 @@ from eagle3.core.inputs import InputError
 from eagle3.core.params import Params
 from eagle3.decoding.divergence import check_divergence
 from eagle3.decoding.engine import Generation
-from eagle3.decoding.evaluate import EvalRun, PromptResult, summarize, summarize_spread
-from eagle3.decoding.prompts import Prompt
+from eagle3.decoding.evaluate import EvalRun, PromptResult, eval_coverage, summarize, summarize_spread
+from eagle3.decoding.prompts import Prompt, render_prompts
+from eagle3.decoding.setup import check_draft_depth
 from eagle3.drafter.export import load_drafter_config, trained_ttt_length
 from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.launch import (
@@ -74,8 +75,6 @@ from eagle3.sglang.speculative import (
     servable,
 )
 from eagle3.verifier.load import has_chat_template, load_target, resolve_target
-from eagle3.verifier.render import render_prompt, user_turn
-from eagle3.vocab import coverage_of
 
 PLAIN, SPEC, PEER = "plain", "eagle3", "ngram"
 WARMUP_TOKENS = 8
@@ -130,12 +129,7 @@ def check_inputs(params: Params, drafter_dir: Path) -> tuple[SpecShape, object]:
     target_config = AutoConfig.from_pretrained(resolve_target(params.target.source), trust_remote_code=remote)
     if why := drafter_refusal(drafter_dir, target_config):
         raise InputError(f"{drafter_dir}: SGLang cannot load this drafter as trained: {why}")
-    ttt_length = trained_ttt_length(drafter_dir, params.train.ttt_length)
-    if ev.k > ttt_length:
-        raise InputError(
-            f"eval.k: {ev.k} exceeds the drafter's trained TTT length ({ttt_length}): SGLang would serve "
-            f"draft steps {ttt_length + 1}..{ev.k} that were never trained; set eval.k <= {ttt_length}"
-        )
+    check_draft_depth(ev.k, trained_ttt_length(drafter_dir, params.train.ttt_length))
     shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)
     if why := servable(shape):
         raise InputError(f"eval.tree_budget: {ev.tree_budget}: SGLang cannot serve this tree: {why}")
@@ -278,7 +272,7 @@ def evaluate_on_sglang(
     path = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=params.target.trust_remote_code)
     chat = has_chat_template(params.target.source)
-    batch = [(p.id, render_prompt(tokenizer, user_turn(p.text), chat).tolist()) for p in prompts]
+    batch = render_prompts(tokenizer, prompts, chat)
     kinds = server_kinds(params, drafter_dir, shape)
     given = {PLAIN: ev.sglang_url, SPEC: ev.sglang_eagle3_url, PEER: ev.sglang_ngram_url}
     servers = {}
@@ -336,7 +330,7 @@ def evaluate_on_sglang(
         metrics["ngram_acceptance_length"] = _ngram_acceptance(responses)
     with safe_open(drafter_dir / "model.safetensors", "pt") as f:
         t2d = f.get_tensor("t2d")
-    metrics["eval_coverage"] = round(coverage_of([t for r in run.results for t in r.baseline.tokens], t2d), 6)
+    metrics["eval_coverage"] = eval_coverage(run, t2d)
     rows = [_row(res, c, r) for res, c, r in zip(run.results, categories, responses, strict=True)]
     tags = {"eval.backend": "sglang", "eval.engine": f"sglang {version}", "eval.machine": where}
     tags |= {f"eval.sglang_{kind}_args": json.dumps(a, sort_keys=True) for kind, a in args.items()}
@@ -359,13 +353,3 @@ def summary_line(metrics: dict) -> str:
         f"; greedy_match {metrics['greedy_match']:.2f}, {metrics['divergences']} divergence(s), "
         f"lossless: {metrics['lossless']}"
     )
-
-
-def unexplained(rows: list[dict]) -> list[str]:
-    """One line per divergence that rounding does not explain, as the hf backend reports them."""
-    return [
-        f"prompt {row['id']}: token {d['index']}: plain {d['baseline_token']} vs EAGLE-3 {d['spec_token']}, "
-        f"logit gap {d['gap']:.4g} > rounding tolerance {d['tolerance']:.4g}"
-        for row in rows
-        if (d := row.get("divergence")) and not d["explained"]
-    ]

@@ -1,0 +1,138 @@
+"""Decoding the target with a drafter, set up once for everyone who does it: speculative-eval
+(both backends), the benches (bench/decoding.py, bench/trees.py) and `eagle3 serve-command`.
+
+- which drafter, and the one rule on its depth: eval.k draft steps may not exceed the TTT length
+  the drafter was trained with, because the steps past it were never trained;
+- the target and the drafter in their decoding dtypes, the drafter checked against the target,
+  both oneDNN-packed (one packed target serves the baseline, the engine and the peer);
+- prompts rendered as extraction renders a training prompt, and the engine of the eval params.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle3.core.device import Shape, machine, resolve_dtype
+from eagle3.core.inputs import InputError
+from eagle3.core.packed import pack_linears
+from eagle3.core.params import EvalParams, Params, TargetParams, default_aux_layers
+from eagle3.decoding.engine import SpecEngine
+from eagle3.decoding.prompts import Prompt, render_prompts
+from eagle3.drafter import DrafterConfig, Eagle3Drafter
+from eagle3.drafter.export import CONFIG, load_drafter, load_drafter_config, trained_ttt_length
+from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
+
+TRAINED_DRAFTER = Path("artifacts/train/drafter")
+# Draft vocabulary of the untrained drafter the benches use where no exported one is given.
+UNTRAINED_DRAFT_VOCAB = 8192
+
+
+def check_draft_depth(k: int, ttt_length: int) -> None:
+    """eval.k against the drafter's trained TTT length: the one rule, for every backend and the
+    serving commands."""
+    if k > ttt_length:
+        raise InputError(
+            f"eval.k: {k} exceeds the drafter's trained TTT length ({ttt_length}): draft steps "
+            f"{ttt_length + 1}..{k} were never trained; set eval.k <= {ttt_length}"
+        )
+
+
+def eval_drafter(params: Params, folder: str | None = None) -> Path:
+    """The drafter to evaluate or serve: `folder`, else eval.drafter, else the train stage's;
+    refused unless it is an exported drafter trained for eval.k draft steps."""
+    path = Path(folder or params.eval.drafter or TRAINED_DRAFTER)
+    if not (path / CONFIG).exists():
+        if folder or params.eval.drafter:
+            hint = f"{'--drafter' if folder else 'eval.drafter'} names no exported drafter"
+        else:
+            hint = "run the train stage first"
+        raise FileNotFoundError(f"{path} holds no exported drafter ({CONFIG} is missing): {hint}")
+    check_draft_depth(params.eval.k, trained_ttt_length(path, params.train.ttt_length))
+    return path
+
+
+def engine_settings(ev: EvalParams) -> dict:
+    """The SpecEngine keywords the eval params set."""
+    return {
+        "mode": ev.mode,
+        "k": ev.k,
+        "topk": ev.topk,
+        "tree_budget": ev.tree_budget,
+        "lookup_tokens": ev.lookup_tokens,
+        "temperature": ev.temperature,
+        "seed": ev.seed,
+    }
+
+
+@dataclass
+class DecodingSetup:
+    """A target and a drafter loaded for decoding, and what every decoder of the pair needs."""
+
+    target: Target
+    drafter: Eagle3Drafter
+    drafter_dtype: torch.dtype
+
+    @classmethod
+    def load(
+        cls,
+        target: TargetParams,
+        drafter_dir: Path | None,
+        drafter_dtype: str | None = None,
+        pack: bool = True,
+    ) -> DecodingSetup:
+        """The target in target.dtype (auto: the fastest for one-token decoding here) and the
+        drafter of `drafter_dir` in `drafter_dtype` (None: the target's; auto resolved for the
+        target's shape), both packed unless `pack` is off (a no-op outside float32 on CPU).
+        `drafter_dir` None: an untrained drafter of the target's shape, for the benches
+        (acceptance ~0: it measures the engine's own overhead)."""
+        loaded = load_target(target, job="decode")
+        if drafter_dir is not None:
+            if why := load_drafter_config(drafter_dir).mismatch(loaded.vocab_size, loaded.num_layers):
+                raise InputError(f"{drafter_dir} was {why}")
+        dtype = loaded.model.dtype
+        if drafter_dtype is not None:
+            dtype = resolve_dtype(drafter_dtype, "decode", Shape.of(loaded.config))
+        embed = loaded.model.get_input_embeddings().weight
+        if drafter_dir is None:
+            cfg = DrafterConfig.from_target_config(
+                loaded.config, UNTRAINED_DRAFT_VOCAB, default_aux_layers(loaded.num_layers)
+            )
+            drafter = Eagle3Drafter(cfg, embed).to(dtype).eval().requires_grad_(False)
+        else:
+            drafter = load_drafter(drafter_dir, embed, dtype=dtype, target_config=loaded.config)
+        if pack:
+            pack_linears(loaded.model)
+            pack_linears(drafter)
+        return cls(loaded, drafter, dtype)
+
+    @classmethod
+    def for_eval(cls, params: Params, drafter_dir: Path) -> DecodingSetup:
+        """As speculative-eval decodes: eval.dtype for the target (and the plain and prompt-lookup
+        peers), eval.drafter_dtype (null: eval.dtype), eval.pack_weights. Pass params pinned to
+        the dtypes stage's record to decode in the dtypes it measured."""
+        ev = params.eval
+        target = params.target.model_copy(update={"dtype": ev.dtype})
+        return cls.load(target, drafter_dir, ev.drafter_dtype or ev.dtype, ev.pack_weights)
+
+    @property
+    def eos(self) -> frozenset[int]:
+        return eos_token_ids(self.target.model, self.target.tokenizer)
+
+    def render(self, prompts: Sequence[Prompt]) -> list[tuple[str, list[int]]]:
+        """(id, token ids) of each prompt, rendered as extract renders a training prompt."""
+        return render_prompts(self.target.tokenizer, prompts, has_chat_template(self.target.source))
+
+    def engine(self, **settings: object) -> SpecEngine:
+        return SpecEngine.for_target(self.target, self.drafter, **settings)
+
+    def measured_on(self) -> dict[str, str]:
+        """Speeds compare only within one machine and dtype: what every figure is measured on."""
+        return {
+            "dtype": str(self.target.model.dtype).removeprefix("torch."),
+            "drafter_dtype": str(self.drafter_dtype).removeprefix("torch."),
+            "machine": machine(),
+        }
