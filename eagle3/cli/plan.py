@@ -29,6 +29,7 @@ from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, resolve_aux_layers
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.export import load_drafter_config
+from eagle3.sglang.servers import store_format
 from eagle3.train.prepare import SHAPE_KEYS, activation_bytes_per_step, drafter_config
 
 GIB = 2**30
@@ -269,7 +270,7 @@ def plan(params: Params, target: dict[str, Any], tokens: int | None = None, worl
             "tokens_estimated": tokens is None,
             "bytes_per_token": per_token,
             "total_gib": {kind: token_count * n / GIB for kind, n in per_token.items()},
-            "selected": params.extract.sglang_target if params.extract.backend == "sglang" else "final_state",
+            "selected": store_format(params.extract),
         },
         "training": training_steps(params)
         | {"world_size": world, "memory_gib_per_device": training_memory(cfg, counts, params, world)},

@@ -35,6 +35,14 @@ class FinalState:
         return "final-norm states"
 
 
+def store_format(extract: ExtractParams) -> str:
+    """What the feature store holds of the target's prediction under these params: the top-N
+    logprobs (top_logprobs) or the final-norm state (final_state: also every hf extraction)."""
+    if extract.backend == "sglang" and extract.sglang_target == "top_logprobs":
+        return "top_logprobs"
+    return "final_state"
+
+
 def _listed(urls: str | list[str] | None) -> list[str]:
     return [urls] if isinstance(urls, str) else list(urls or [])
 
