@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3.cli.main import main, preset_args
+from eagle3.cli.command import main, preset_args
 from eagle3.core.params import ParamsError, parse_params
 
 REPO = Path(__file__).resolve().parents[1]

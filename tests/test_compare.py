@@ -13,9 +13,9 @@ import pytest
 from background import project_env
 from rich.console import Console
 
+from eagle3.cli.command import main
 from eagle3.cli.compare import comparison
 from eagle3.cli.experiments import Experiment, ExperimentsError, from_dvc_json, select
-from eagle3.cli.main import main
 from eagle3.cli.queue_workers import WORKER_PID_DIR
 from eagle3.cli.report import verdict, write_report
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3.cli.main import main as cli
+from eagle3.cli.command import main as cli
 from eagle3.core.params import (
     Params,
     ParamsError,

@@ -12,7 +12,7 @@ import pytest
 from tiny_drafters import tiny_drafter_config
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from eagle3.cli.main import main as cli
+from eagle3.cli.command import main as cli
 from eagle3.cli.plan import drafter_params, plan, read_target_config, target_flops_per_token
 from eagle3.core.params import Params, ParamsError, TrainParams, parse_params
 from eagle3.drafter import DrafterConfig, Eagle3Drafter

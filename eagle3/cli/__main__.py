@@ -2,6 +2,6 @@
 
 import sys
 
-from eagle3.cli.main import main
+from eagle3.cli.command import main
 
 sys.exit(main())
