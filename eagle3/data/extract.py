@@ -172,6 +172,19 @@ def _progress() -> Progress:
 GroupFn = Callable[[list[Selected], Callable[[int, int], None]], list[Sample]]
 
 
+@dataclass(frozen=True)
+class Backend:
+    """What an extraction backend brings to the shared loop: the tokenizer and rendering that
+    select the conversations, the target's hidden size, its shard computation, and N when its
+    samples hold the target's top-N predictions in place of last_hidden (SGLang top logprobs)."""
+
+    tokenizer: object
+    chat: bool
+    hidden_size: int
+    compute: GroupFn
+    target_topk: int | None = None
+
+
 def hf_group_fn(target: Target, params: Params, aux_layers: list[int]) -> GroupFn:
     """The hf backend: captured forwards of the loaded target (or its own generations)."""
     chat = has_chat_template(target.source)
@@ -208,39 +221,24 @@ def extract_features(
     run_extraction) receives what this run computed itself.
     """
     chat = has_chat_template(target.source)
-    compute = hf_group_fn(target, params, aux_layers)
-    return run_extraction(
-        target.tokenizer,
-        chat,
-        target.hidden_size,
-        params,
-        aux_layers,
-        fingerprint,
-        out_dir,
-        compute,
-        stop_after_shards,
-        stats,
-    )
+    backend = Backend(target.tokenizer, chat, target.hidden_size, hf_group_fn(target, params, aux_layers))
+    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, stop_after_shards, stats)
 
 
 def run_extraction(
-    tokenizer,
-    chat: bool,
-    hidden_size: int,
+    backend: Backend,
     params: Params,
     aux_layers: list[int],
     fingerprint: dict,
     out_dir: Path,
-    compute: GroupFn,
     stop_after_shards: int | None = None,
     stats: dict | None = None,
-    target_topk: int | None = None,
 ) -> dict:
-    """The backend-independent part: select, cut into shards, resume, write shards and manifest.
-    `compute` turns one shard's conversations into samples (hf_group_fn, or the SGLang backend's).
-    `stats`, when given, gets "computed_tokens" and "computed_seconds": the shards this run
-    computed, not those it resumed (the manifest is the same either way). `target_topk` N: the
-    samples hold the target's top-N predictions in place of last_hidden (SGLang top logprobs)."""
+    """The backend-independent part: select, cut into shards, resume, write shards and manifest;
+    `backend.compute` turns one shard's conversations into samples. `stats`, when given, gets
+    "computed_tokens" and "computed_seconds": the shards this run computed, not those it resumed
+    (the manifest is the same either way)."""
+    tokenizer, chat, hidden_size = backend.tokenizer, backend.chat, backend.hidden_size
     out_dir.mkdir(parents=True, exist_ok=True)
     key = config_hash(params, fingerprint)
     # Bad data fails here, before anything of the last run is removed.
@@ -264,7 +262,7 @@ def run_extraction(
                 continue
             if stop_after_shards is not None and index >= stop_after_shards:
                 return {"interrupted_after": index}
-            done[index] = write_shard(out_dir, index, compute(group, advance))
+            done[index] = write_shard(out_dir, index, backend.compute(group, advance))
             write_journal(out_dir, key, [done[i] for i in sorted(done)])
     if stats is not None:
         stats.update(computed_tokens=tokens_done, computed_seconds=time.perf_counter() - started)
@@ -291,11 +289,8 @@ def run_extraction(
         "data": params.data.model_dump(),
         "shards": shards,
     }
-    if target_topk:  # the target's top-N (id int32 + logprob float32) in place of last_hidden
-        manifest |= {
-            "target_topk": target_topk,
-            "bytes_per_token": 3 * hidden_size * 2 + target_topk * 8 + 4 + 1,
-        }
+    if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
+        manifest |= {"target_topk": topk, "bytes_per_token": 3 * hidden_size * 2 + topk * 8 + 4 + 1}
     manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum
     (out_dir / JOURNAL).unlink(missing_ok=True)
     return manifest

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer
 
 from eagle3.core.params import Params, check_against_target
-from eagle3.data.extract import GroupFn, Selected, run_extraction
+from eagle3.data.extract import Backend, GroupFn, Selected, run_extraction
 from eagle3.data.store import Sample
 from eagle3.sglang.check import check_pools
 from eagle3.sglang.client import ServerPool
@@ -174,16 +174,5 @@ def extract_with_sglang(
     chat = has_chat_template(params.target.source)
     stop = eos_token_ids_of_folder(path, tokenizer)
     compute = sglang_group_fn(servers, config.hidden_size, params, tokenizer, chat, stop)
-    return run_extraction(
-        tokenizer,
-        chat,
-        config.hidden_size,
-        params,
-        aux_layers,
-        fingerprint,
-        out_dir,
-        compute,
-        stop_after_shards,
-        stats,
-        target_topk=servers.top_logprobs,
-    )
+    backend = Backend(tokenizer, chat, config.hidden_size, compute, servers.top_logprobs)
+    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, stop_after_shards, stats)
