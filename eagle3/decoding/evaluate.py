@@ -56,6 +56,19 @@ class PromptResult:
 
 
 @dataclass
+class EvalOutcome:
+    """What either backend's evaluation hands the stage: the same metrics and rows, MLflow tags,
+    the lines to print, and the row keys the lossless check compares."""
+
+    metrics: dict
+    rows: list[dict]
+    tags: dict[str, str]
+    report: list
+    compared: tuple[str, str] = ("baseline", "speculative")
+    engine: str = "speculative"
+
+
+@dataclass
 class EvalRun:
     results: list[PromptResult] = field(default_factory=list)
 

@@ -38,7 +38,6 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors import safe_open
@@ -49,8 +48,16 @@ from eagle3.core.inputs import InputError
 from eagle3.core.params import Params
 from eagle3.decoding.divergence import check_divergence
 from eagle3.decoding.engine import Generation
-from eagle3.decoding.evaluate import EvalRun, PromptResult, eval_coverage, summarize, summarize_spread
+from eagle3.decoding.evaluate import (
+    EvalOutcome,
+    EvalRun,
+    PromptResult,
+    eval_coverage,
+    summarize,
+    summarize_spread,
+)
 from eagle3.decoding.prompts import Prompt, render_prompts
+from eagle3.decoding.report import category_table, interval_line
 from eagle3.decoding.setup import check_draft_depth
 from eagle3.drafter.export import load_drafter_config, trained_ttt_length
 from eagle3.sglang.client import ServerPool, SGLangError
@@ -80,13 +87,6 @@ PLAIN, SPEC, PEER = "plain", "eagle3", "ngram"
 WARMUP_TOKENS = 8
 # metrics of the hf backend that SGLang does not report (draft/verify split, prefill time)
 NOT_MEASURED = ("draft_ms_per_step", "verify_ms_per_step", "prefill_ms_per_prompt")
-
-
-@dataclass
-class SGLangEval:
-    metrics: dict
-    rows: list[dict]
-    tags: dict[str, str]  # MLflow tags: the engine, its version, each server's args
 
 
 def drafter_refusal(drafter_dir: Path, target_config) -> str | None:
@@ -264,7 +264,7 @@ def evaluate_on_sglang(
     drafter_dir: Path,
     on_prompt: Callable[[str], None] | None = None,
     log_dir: Path | None = None,
-) -> SGLangEval:
+) -> EvalOutcome:
     """The whole evaluation; servers started here write their logs to `log_dir` (default: a new
     temporary folder, named in any error about them) and are always stopped."""
     ev = params.eval
@@ -334,7 +334,11 @@ def evaluate_on_sglang(
     rows = [_row(res, c, r) for res, c, r in zip(run.results, categories, responses, strict=True)]
     tags = {"eval.backend": "sglang", "eval.engine": f"sglang {version}", "eval.machine": where}
     tags |= {f"eval.sglang_{kind}_args": json.dumps(a, sort_keys=True) for kind, a in args.items()}
-    return SGLangEval(metrics, rows, tags)
+    tags["eval.dtype"] = dtype
+    report = [summary_line(metrics), category_table(metrics), interval_line(metrics)]
+    return EvalOutcome(
+        metrics, rows, tags, report, compared=("plain", "EAGLE-3"), engine="SGLang's speculative"
+    )
 
 
 def summary_line(metrics: dict) -> str:

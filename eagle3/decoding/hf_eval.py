@@ -1,0 +1,49 @@
+"""eval.backend hf: our engine, plain greedy decoding and prompt lookup on the same prompts, run
+interleaved in one process (one packed target serves all three), summarized as SGLang's
+evaluation is (eagle3/sglang/evaluate.py), so the stage treats both alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from eagle3.core.params import Params
+from eagle3.core.resolved_dtypes import pinned
+from eagle3.decoding.evaluate import EvalOutcome, eval_coverage, run_comparison, summarize, summarize_spread
+from eagle3.decoding.prompts import Prompt
+from eagle3.decoding.report import category_table, headline, interval_line
+from eagle3.decoding.setup import DecodingSetup, engine_settings
+
+
+def evaluate_on_hf(
+    params: Params, prompts: list[Prompt], drafter_dir: Path, on_prompt: Callable[[str], None] | None = None
+) -> EvalOutcome:
+    ev = params.eval
+    # one dtype for all three decoders, the fastest for plain one-token decoding here, as the
+    # dtypes stage recorded it
+    setup = DecodingSetup.for_eval(pinned(params, "decode"), drafter_dir)
+    engine = setup.engine(**engine_settings(ev))
+    greedy = ev.temperature == 0
+    run = run_comparison(
+        engine,
+        setup.render(prompts),
+        ev.max_new_tokens,
+        setup.eos,
+        prompt_lookup_tokens=ev.prompt_lookup_tokens if ev.prompt_lookup else None,
+        check=greedy,
+        on_prompt=on_prompt,
+    )
+    categories = [p.category for p in prompts]
+    depth = engine.max_depth  # acceptance_rate's denominator: the lookup branch may reach past k
+    metrics = summarize(run, depth, greedy) | summarize_spread(run, categories, depth, ev.seed)
+    measured_on = setup.measured_on()  # speeds compare only within one machine and dtype
+    metrics |= measured_on | {"eval_coverage": eval_coverage(run, setup.drafter.t2d)}
+    rows = [r.as_dict() | {"category": c} for r, c in zip(run.results, categories, strict=True)]
+    report = [headline(metrics), category_table(metrics), interval_line(metrics)]
+    if greedy:
+        report.append(
+            f"greedy_match {metrics['greedy_match']:.2f}, {metrics['divergences']} divergence(s), "
+            f"lossless: {metrics['lossless']}"
+        )
+    tags = {f"eval.{k}": v for k, v in measured_on.items()}
+    return EvalOutcome(metrics, rows, tags, report)
