@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from eagle3 import device
+from eagle3.core import device
 from eagle3.core.device import (
     BF16_MARGIN,
     JOBS,

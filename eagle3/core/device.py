@@ -25,7 +25,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -141,15 +141,8 @@ def _probe_model(shape: Shape, dtype: torch.dtype, pack: bool = False, layers: i
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - heavy import
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        vocab_size=shape.vocab_size,
-        num_hidden_layers=layers,
-        tie_word_embeddings=False,
-    )
+    sizes = asdict(shape) | {"num_hidden_layers": layers}  # Shape's fields are LlamaConfig's names
+    config = LlamaConfig(**sizes, tie_word_embeddings=False)
     model = LlamaForCausalLM(config).to(dtype).eval().requires_grad_(False)
     if pack:
         pack_linears(model)

@@ -212,17 +212,13 @@ def extract_features(
     aux_layers: list[int],
     fingerprint: dict,
     out_dir: Path,
-    stop_after_shards: int | None = None,
-    stats: dict | None = None,
+    **options: int | dict | None,
 ) -> dict:
-    """Fill `out_dir` with shards, token file and manifest; resumes an interrupted run of the same config.
-
-    `stop_after_shards` ends the run early (as an interruption would), for tests; `stats` (see
-    run_extraction) receives what this run computed itself.
-    """
+    """Fill `out_dir` with shards, token file and manifest; resumes an interrupted run of the same
+    config. `options`: run_extraction's `stop_after_shards` and `stats`."""
     chat = has_chat_template(target.source)
     backend = Backend(target.tokenizer, chat, target.hidden_size, hf_group_fn(target, params, aux_layers))
-    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, stop_after_shards, stats)
+    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
 
 
 def run_extraction(
@@ -235,7 +231,8 @@ def run_extraction(
     stats: dict | None = None,
 ) -> dict:
     """The backend-independent part: select, cut into shards, resume, write shards and manifest;
-    `backend.compute` turns one shard's conversations into samples. `stats`, when given, gets
+    `backend.compute` turns one shard's conversations into samples. `stop_after_shards` ends the
+    run early (as an interruption would), for tests. `stats`, when given, gets
     "computed_tokens" and "computed_seconds": the shards this run computed, not those it resumed
     (the manifest is the same either way)."""
     tokenizer, chat, hidden_size = backend.tokenizer, backend.chat, backend.hidden_size

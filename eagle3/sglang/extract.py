@@ -132,10 +132,10 @@ def extract_with_sglang(
     params: Params,
     fingerprint: dict,
     out_dir: Path,
-    stop_after_shards: int | None = None,
-    stats: dict | None = None,
+    **options: int | dict | None,
 ) -> dict:
-    """The extract stage's work on SGLang servers; refuses servers that differ from what patch-check saw."""
+    """The extract stage's work on SGLang servers; refuses servers that differ from what patch-check
+    saw. `options`: run_extraction's `stop_after_shards` and `stats`."""
     if fingerprint.get("engine") != "sglang":
         raise ValueError(
             f"extract.backend is 'sglang' but the patch-check report checked {fingerprint.get('engine')}: "
@@ -175,4 +175,4 @@ def extract_with_sglang(
     stop = eos_token_ids_of_folder(path, tokenizer)
     compute = sglang_group_fn(servers, config.hidden_size, params, tokenizer, chat, stop)
     backend = Backend(tokenizer, chat, config.hidden_size, compute, servers.top_logprobs)
-    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, stop_after_shards, stats)
+    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
