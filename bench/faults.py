@@ -56,6 +56,7 @@ TINY = {
     "tracking": {"enabled": False},
 }
 EXTRACT = "artifacts/extract"
+EXTRACT_WORK = "artifacts/extract.partial"  # its shards and journal until a run completes
 # No wait is unbounded: a stage of the tiny project takes seconds, a pytest file minutes.
 STAGE_TIMEOUT_S = 900
 PYTEST_TIMEOUT_S = 3600
@@ -419,9 +420,11 @@ def tracking_unavailable(project: Path) -> Tally:
 
 
 def _extract_fails_cleanly(project: Path, done: subprocess.CompletedProcess, reference: dict) -> bool:
-    """A clear one-line error, and every file left is a complete file of the reference run."""
-    left = digests(project, [EXTRACT])
-    whole = all(reference.get(f) == h for f, h in left.items() if not f.endswith("journal.json"))
+    """A clear one-line error, and every file left (in the out or the work folder) is a complete
+    file of the reference run."""
+    left = digests(project, [EXTRACT, EXTRACT_WORK])
+    by_name = {Path(f).name: h for f, h in reference.items()}
+    whole = all(by_name.get(Path(f).name) == h for f, h in left.items() if not f.endswith("journal.json"))
     lines = [line for line in done.stderr.splitlines() if "extract failed" in line]
     return done.returncode != 0 and len(lines) == 1 and "Traceback" not in done.stderr and whole
 
@@ -429,7 +432,7 @@ def _extract_fails_cleanly(project: Path, done: subprocess.CompletedProcess, ref
 def disk_full(project: Path, tmpfs: bool) -> Tally:
     """Extraction against a per-file size limit (and a small tmpfs where mounting is allowed)."""
     tally = Tally("disk full while extracting")
-    remove(project, [EXTRACT])
+    remove(project, [EXTRACT, EXTRACT_WORK])
     must_run(project, "extract")
     reference = digests(project, [EXTRACT])
     shard_sizes = sorted(p.stat().st_size for p in (project / EXTRACT).glob("shard-*"))
@@ -439,19 +442,23 @@ def disk_full(project: Path, tmpfs: bool) -> Tally:
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    remove(project, [EXTRACT])
+    remove(project, [EXTRACT, EXTRACT_WORK])
     done = run(project, "extract", preexec=limited)
     clean = _extract_fails_cleanly(project, done, reference)
-    resumed = run(project, "extract").returncode == 0 and digests(project, [EXTRACT]) == reference
+    resumed = (
+        run(project, "extract").returncode == 0 and digests(project, [EXTRACT, EXTRACT_WORK]) == reference
+    )
     tally.add(
         clean and resumed, lost=not resumed, note="" if clean else f"file-size limit: {done.stderr[-400:]}"
     )
 
     if tmpfs:
-        mount = project / EXTRACT
-        remove(project, [EXTRACT])
-        mount.mkdir(parents=True)
-        size = sum(shard_sizes[: len(shard_sizes) // 2])
+        # over all of artifacts/: the out and its work folder must share a filesystem (shards
+        # move by rename), so the mount holds both, and a copy of what extract reads
+        mount, needed, kept = project / "artifacts", ["artifacts/patch-check"], project.parent / "kept"
+        remove(project, [EXTRACT, EXTRACT_WORK])
+        snapshot(project, needed, kept)
+        size = sum(shard_sizes[: len(shard_sizes) // 2]) + 64 * 1024  # + the report and journal
         if (
             subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode
             != 0
@@ -459,10 +466,14 @@ def disk_full(project: Path, tmpfs: bool) -> Tally:
             tally.notes.append("tmpfs: mount not permitted, skipped")
             return tally
         try:
+            snapshot(kept, needed, project)
             done = run(project, "extract")
             clean = _extract_fails_cleanly(project, done, reference)
             subprocess.run(["mount", "-o", f"remount,size={64 * sum(shard_sizes)}", str(mount)], check=True)
-            resumed = run(project, "extract").returncode == 0 and digests(project, [EXTRACT]) == reference
+            resumed = (
+                run(project, "extract").returncode == 0
+                and digests(project, [EXTRACT, EXTRACT_WORK]) == reference
+            )
         finally:
             subprocess.run(["umount", str(mount)])
         tally.add(clean and resumed, lost=not resumed, note="" if clean else f"tmpfs: {done.stderr[-400:]}")
@@ -503,7 +514,9 @@ def harness(points: int, seed: int, quick: bool, workdir: Path) -> list[Tally]:
     must_run(project, "extract")
     must_run(project, "vocab_map")
     rows = [
-        killed_and_resumed(project, "extract", [EXTRACT], EXTRACT, [EXTRACT], points, rng),
+        killed_and_resumed(
+            project, "extract", [EXTRACT, EXTRACT_WORK], EXTRACT_WORK, [EXTRACT, EXTRACT_WORK], points, rng
+        ),
         killed_and_resumed(
             project,
             "train",

@@ -27,7 +27,7 @@ from eagle3.core.inputs import MAX_LINE_BYTES, InputError
 from eagle3.core.params import TargetParams, parse_params
 from eagle3.data.conversations import load_conversations
 from eagle3.data.extract import extract_features
-from eagle3.data.store import JOURNAL, Sample, write_shard
+from eagle3.data.store import JOURNAL, Sample, work_folder, write_shard
 from eagle3.decoding.prompts import read_prompts
 from eagle3.verifier.load import _packaged_gguf, load_target, load_target_config, resolve_target
 
@@ -273,9 +273,9 @@ FP = {"target_source": "smollm2-135m-instruct", "engine": "transformers", "aux_l
 
 def test_non_finite_states_are_refused_and_the_finished_shards_kept(smollm2, tmp_path):
     params = tiny_params(data_file(tmp_path / "data.jsonl"))
-    out = tmp_path / "store"
+    out, work = tmp_path / "store", work_folder(tmp_path / "store")
     extract_features(smollm2, params, AUX, FP, out, stop_after_shards=1)
-    first = (out / "shard-00000.safetensors").stat()
+    first = (work / "shard-00000.safetensors").stat()
     weight = smollm2.model.model.layers[3].mlp.down_proj.weight
     kept = weight[0].clone()
     try:
@@ -289,14 +289,14 @@ def test_non_finite_states_are_refused_and_the_finished_shards_kept(smollm2, tmp
     finally:
         with torch.no_grad():
             weight[0] = kept
-    assert not (out / "shard-00001.safetensors").exists()
-    assert [s["file"] for s in json.loads((out / JOURNAL).read_text())["shards"]] == [
+    assert not (work / "shard-00001.safetensors").exists()
+    assert [s["file"] for s in json.loads((work / JOURNAL).read_text())["shards"]] == [
         "shard-00000.safetensors"
     ]
     extract_features(smollm2, params, AUX, FP, out)  # the target fixed: the run resumes and ends
     again = (out / "shard-00000.safetensors").stat()
     assert (first.st_ino, first.st_mtime_ns) == (again.st_ino, again.st_mtime_ns)
-    assert (out / "manifest.json").exists() and not (out / JOURNAL).exists()
+    assert (out / "manifest.json").exists() and not work.exists()
 
 
 def test_infinite_states_are_refused(tmp_path):

@@ -13,7 +13,7 @@ from conftest import SHAREGPT_SAMPLE
 from eagle3.core.params import parse_params
 from eagle3.data.conversations import load_conversations, normalise, read_complete_records
 from eagle3.data.extract import extract_features
-from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore
+from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore, work_folder
 from eagle3.verifier.load import eos_token_ids
 from eagle3.verifier.patch_check import fingerprint
 from eagle3.verifier.render import assistant_spans, render_conversation, render_prompt, user_turn
@@ -134,29 +134,35 @@ def test_store_layout_and_contents(uninterrupted, smollm2):
 
 def test_interrupted_extraction_resumes_to_identical_files(smollm2, fp, uninterrupted, tmp_path):
     params = tiny_params()
-    partial = extract_features(smollm2, params, AUX, fp, tmp_path, stop_after_shards=2)
+    out, work = tmp_path / "store", work_folder(tmp_path / "store")
+    partial = extract_features(smollm2, params, AUX, fp, out, stop_after_shards=2)
     assert partial == {"interrupted_after": 2}
-    assert (tmp_path / JOURNAL).exists() and not (tmp_path / MANIFEST).exists()
-    first = (tmp_path / "shard-00000.safetensors").stat()
-    extract_features(smollm2, params, AUX, fp, tmp_path)
-    again = (tmp_path / "shard-00000.safetensors").stat()
-    assert (first.st_ino, first.st_mtime_ns) == (again.st_ino, again.st_mtime_ns)  # not recomputed
-    assert not (tmp_path / JOURNAL).exists()
+    # until the run completes, shards and journal are in the work folder, outside the DVC out
+    assert (work / JOURNAL).exists() and not any(out.iterdir())
+    # one shard already in the out, as a kill while a finished run moves them there leaves it
+    (work / "shard-00001.safetensors").rename(out / "shard-00001.safetensors")
+    first = [(work / "shard-00000.safetensors").stat(), (out / "shard-00001.safetensors").stat()]
+    extract_features(smollm2, params, AUX, fp, out)
+    again = [(out / "shard-00000.safetensors").stat(), (out / "shard-00001.safetensors").stat()]
+    # moved, not recomputed
+    assert [(s.st_ino, s.st_mtime_ns) for s in first] == [(s.st_ino, s.st_mtime_ns) for s in again]
+    assert not work.exists()
     names = sorted(p.name for p in uninterrupted.iterdir())
-    assert names == sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(p.name for p in out.iterdir())
     for name in names:
-        assert (tmp_path / name).read_bytes() == (uninterrupted / name).read_bytes(), name
+        assert (out / name).read_bytes() == (uninterrupted / name).read_bytes(), name
 
 
 def test_resume_recomputes_a_damaged_shard_and_ignores_another_config(smollm2, fp, uninterrupted, tmp_path):
-    extract_features(smollm2, tiny_params(), AUX, fp, tmp_path, stop_after_shards=2)
-    shard = tmp_path / "shard-00001.safetensors"
+    out = tmp_path / "store"
+    extract_features(smollm2, tiny_params(), AUX, fp, out, stop_after_shards=2)
+    shard = work_folder(out) / "shard-00001.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])  # truncated by a crash
-    extract_features(smollm2, tiny_params(), AUX, fp, tmp_path)
-    assert shard.read_bytes() == (uninterrupted / shard.name).read_bytes()
+    extract_features(smollm2, tiny_params(), AUX, fp, out)
+    assert (out / shard.name).read_bytes() == (uninterrupted / shard.name).read_bytes()
     # another seed: nothing of the old run may be reused
-    extract_features(smollm2, tiny_params(seed=4), AUX, fp, tmp_path)
-    assert (tmp_path / "shard-00000.safetensors").read_bytes() != (
+    extract_features(smollm2, tiny_params(seed=4), AUX, fp, out)
+    assert (out / "shard-00000.safetensors").read_bytes() != (
         uninterrupted / "shard-00000.safetensors"
     ).read_bytes()
 

@@ -7,6 +7,7 @@ exactly what an uninterrupted run would (byte-identical shards).
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,10 +22,11 @@ from eagle3.core.stageio import sha256_json
 from eagle3.data.conversations import load_conversations, sample_order
 from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.store import (
-    JOURNAL,
     SCHEMA_VERSION,
     Sample,
+    finish_shards,
     resume_shards,
+    work_folder,
     write_journal,
     write_manifest,
     write_shard,
@@ -237,10 +239,11 @@ def run_extraction(
     (the manifest is the same either way)."""
     tokenizer, chat, hidden_size = backend.tokenizer, backend.chat, backend.hidden_size
     out_dir.mkdir(parents=True, exist_ok=True)
+    work = work_folder(out_dir)  # shards and journal until the run completes (store.py)
     key = config_hash(params, fingerprint)
     # Bad data fails here, before anything of the last run is removed.
     selected = select_conversations(params, tokenizer, chat)
-    # Intact shards of this config (journal or finished manifest); the rest is cleared.
+    # Intact shards of this config (journal or finished manifest), now in `work`; the rest is cleared.
     done = resume_shards(out_dir, key)
     per_shard = params.extract.shard_samples
     groups = [selected[i : i + per_shard] for i in range(0, len(selected), per_shard)]
@@ -259,11 +262,12 @@ def run_extraction(
                 continue
             if stop_after_shards is not None and index >= stop_after_shards:
                 return {"interrupted_after": index}
-            done[index] = write_shard(out_dir, index, backend.compute(group, advance))
-            write_journal(out_dir, key, [done[i] for i in sorted(done)])
+            done[index] = write_shard(work, index, backend.compute(group, advance))
+            write_journal(work, key, [done[i] for i in sorted(done)])
     if stats is not None:
         stats.update(computed_tokens=tokens_done, computed_seconds=time.perf_counter() - started)
     shards = [done[i] for i in range(len(groups))]
+    finish_shards(out_dir, shards)  # the journal still vouches for them, in either folder
 
     # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
     ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
@@ -289,5 +293,5 @@ def run_extraction(
     if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
         manifest |= {"target_topk": topk, "bytes_per_token": 3 * hidden_size * 2 + topk * 8 + 4 + 1}
     manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum
-    (out_dir / JOURNAL).unlink(missing_ok=True)
+    shutil.rmtree(work)  # the journal, and any temporary file of a killed write
     return manifest

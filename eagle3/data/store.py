@@ -13,7 +13,12 @@ Layout of `artifacts/extract/`:
   manifest.json            schema version, target fingerprint, aux layer ids, dtype, and per
                            shard: samples, tokens, sha256; the token file's sha256, the hash of
                            the config that made it, and a checksum of the manifest itself
-  journal.json             only while extraction is incomplete: the shards finished so far
+
+While extraction runs, its shards and `journal.json` (the shards finished so far) live in the
+work folder beside it, `artifacts/extract.partial/`, which DVC does not manage: `dvc exp run`
+checks out the committed store before it runs the stage again, deleting whatever a killed run
+left in the out. When the run completes its shards move into the out (renames), the token file
+and the manifest are written last, and the work folder goes.
 
 A shard file appears only once complete (written to a temporary name, then renamed), and its
 sha256 is recorded, so a truncated, corrupted or deleted shard, a damaged token file and an
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +134,12 @@ def _entry(path: Path, sha256: str) -> dict:
     return {"file": path.name, "samples": len(offsets) - 1, "tokens": int(offsets[-1]), "sha256": sha256}
 
 
+def work_folder(out: Path) -> Path:
+    """Where an extraction into `out` keeps its shards and journal until it completes: beside the
+    DVC out, so DVC never deletes them, and on the same filesystem, so shards move by rename."""
+    return out.with_name(out.name + ".partial")
+
+
 def _recorded_shards(folder: Path, config_hash: str) -> list[dict]:
     """Shard entries recorded by an earlier run of the same config: the journal of an
     interrupted run, else the manifest of a finished one; [] when there is neither."""
@@ -142,22 +154,47 @@ def _recorded_shards(folder: Path, config_hash: str) -> list[dict]:
     return []
 
 
-def resume_shards(folder: Path, config_hash: str) -> dict[int, dict]:
-    """The intact shards of an earlier run of the same config, by index, and a folder cleared
-    of everything else: the manifest goes (the store is incomplete until the run ends) and so
-    does every shard not vouched for. Each recorded shard is kept only when its bytes still
-    hash to the recorded sha256, so a re-run recomputes only damaged or missing shards."""
+def resume_shards(out: Path, config_hash: str) -> dict[int, dict]:
+    """The intact shards of an earlier run of the same config, by index, gathered in the work
+    folder under a journal; the out is cleared (its manifest goes: the store is incomplete until
+    the run ends) and so is every shard not vouched for. A shard is vouched for by the work
+    folder's journal or the out's journal or manifest (a finished store being repaired, or a run
+    from before the work folder) and kept only when its bytes still hash to the recorded sha256,
+    so a re-run recomputes only damaged or missing shards."""
+    work = work_folder(out)
+    work.mkdir(parents=True, exist_ok=True)
+    found: dict[int, Path] = {}
     done: dict[int, dict] = {}
-    for entry in _recorded_shards(folder, config_hash):
+    for entry in _recorded_shards(work, config_hash) + _recorded_shards(out, config_hash):
         match = SHARD_NAME.fullmatch(str(entry.get("file")))
-        shard = folder / str(entry.get("file"))
-        if match and shard.is_file() and sha256_file(shard) == entry.get("sha256"):
-            done[int(match[1])] = _entry(shard, entry["sha256"])  # counts from the shard, not the record
-    (folder / MANIFEST).unlink(missing_ok=True)
-    for stale in folder.glob("shard-*.safetensors"):
-        if stale.name not in {entry["file"] for entry in done.values()}:
+        if not match or int(match[1]) in done:
+            continue
+        # in either folder: a run killed while moving its shards into the out left some there
+        for shard in (work / match[0], out / match[0]):
+            if shard.is_file() and sha256_file(shard) == entry.get("sha256"):
+                found[int(match[1])] = shard
+                done[int(match[1])] = _entry(shard, entry["sha256"])  # counts from the shard, not the record
+                break
+    # journal first: it vouches for each shard in either folder, so a kill while moving loses none
+    write_journal(work, config_hash, [done[i] for i in sorted(done)])
+    for shard in found.values():
+        if shard.parent != work:
+            os.replace(shard, work / shard.name)
+    kept = {shard.name for shard in found.values()}
+    for stale in work.glob("shard-*.safetensors"):
+        if stale.name not in kept:
             stale.unlink()
+    for stale in out.glob("shard-*.safetensors"):  # the intact ones were moved to the work folder
+        stale.unlink()
+    (out / MANIFEST).unlink(missing_ok=True)
+    (out / JOURNAL).unlink(missing_ok=True)  # written by runs from before the work folder
     return done
+
+
+def finish_shards(out: Path, shards: list[dict]) -> None:
+    """Move a completed run's shards from the work folder into the out (renames, no copies)."""
+    for entry in shards:
+        os.replace(work_folder(out) / entry["file"], out / entry["file"])
 
 
 def write_journal(folder: Path, config_hash: str, shards: list[dict]) -> None:
