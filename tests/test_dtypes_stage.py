@@ -28,6 +28,8 @@ TINY = {
     "extract": {"shard_samples": 2, "batch_tokens": 128},
     "vocab": {"size": 300},
     "train": {"dtype": "auto", "epochs": 1},
+    # explicit: the decode probe (the whole target's depth) would cost this test most of its time
+    "eval": {"dtype": "float32", "drafter_dtype": "float32"},
     "tracking": {"enabled": False},
 }
 
