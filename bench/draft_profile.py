@@ -1,0 +1,114 @@
+"""Where one speculative step's time goes: torch.profiler over the drafter's own tree (no lookup
+branch, as SGLang and vLLM serve it), each op's self CPU time split by phase.
+
+    python -m bench.draft_profile [--drafter drafters/smollm2-135m-instruct-full] [--prompts 2]
+        [--tokens 64] [--k 2 --topk 4 --budget 6] [--drafter-dtype bfloat16] [--threads 1]
+
+Phases: "draft" is the drafter's forward over the newly verified tokens plus the tree's draft
+passes (what bench/draft_cost.py times as the draft step), "verify" the target's forward over the
+tree, "rest" the acceptance walk and bookkeeping between them. Per phase it prints the wall
+milliseconds per step and the ops with the most self CPU time per step; the gap between the
+phase's wall time and its ops' sum is Python and dispatch overhead. One thread by default, so
+an op's CPU time is its wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from bench.decoding import load_pair, mtbench_prompts
+from eagle3.decoding.engine import SpecEngine
+
+PHASES = ("draft", "verify")
+
+
+def labelled(fn, phase: str):
+    def call(*args, **kwargs):
+        with record_function(phase):
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def label_phases(engine: SpecEngine) -> None:
+    """Wrap (on this instance only) every call that belongs to a phase in a profiler range."""
+    drafter = engine.drafter
+    drafter.forward = labelled(drafter.forward, "draft")
+    drafter.project = labelled(drafter.project, "draft")
+    engine.draft_tree = labelled(engine.draft_tree, "draft")
+    engine.target.hidden = labelled(engine.target.hidden, "verify")
+
+
+def phase_of(event) -> str | None:
+    """The outermost phase range this event runs inside, or None."""
+    phase, parent = None, event.cpu_parent
+    while parent is not None:
+        if parent.name in PHASES:
+            phase = parent.name
+        parent = parent.cpu_parent
+    return phase
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-full")
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=6)
+    ap.add_argument("--drafter-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--top", type=int, default=8, help="ops listed per phase")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    setup = load_pair(args.target, "float32", args.drafter, args.drafter_dtype, args.threads)
+    shape = {"mode": "tree", "k": args.k, "topk": args.topk, "tree_budget": args.budget, "lookup_tokens": 0}
+    engine = SpecEngine.for_target(setup.target, setup.drafter, temperature=0.0, seed=0, **shape)
+    prompts = mtbench_prompts(setup.target, args.prompts)
+    engine.generate(prompts[0][1], 8, setup.eos)  # warm-up: first-call allocations out of the profile
+    label_phases(engine)
+    wall: dict[str, float] = defaultdict(float)  # microseconds per phase, outermost ranges only
+    ops: dict[str, dict[str, float]] = {p: defaultdict(float) for p in PHASES}
+    steps = prefill_us = 0.0
+    for _, ids in prompts:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            gen = engine.generate(ids, args.tokens, setup.eos)
+        steps += len(gen.accepted)
+        prefill_us += gen.prefill_s * 1e6
+        for event in prof.events():
+            phase = phase_of(event)
+            if event.name in PHASES and phase is None:
+                wall[event.name] += event.cpu_time_total
+            elif phase is not None and event.name not in PHASES:
+                ops[phase][event.name] += event.self_cpu_time_total
+        wall["total"] += gen.seconds * 1e6
+    wall["verify"] -= prefill_us  # the prompt's prefill is the first target.hidden call
+    wall["rest"] = wall["total"] - prefill_us - wall["draft"] - wall["verify"]
+    print(
+        f"drafter: {args.drafter} ({args.drafter_dtype}); tree {args.k}/{args.topk}/{args.budget}, "
+        f"no lookup; {len(prompts)} prompts x {args.tokens} tokens; {steps:.0f} steps; threads {args.threads}"
+    )
+    step_ms = (wall["total"] - prefill_us) / steps / 1e3
+    print(f"one step: {step_ms:.2f} ms wall (profiler on)")
+    for phase in (*PHASES, "rest"):
+        ms = wall[phase] / steps / 1e3
+        print(f"\n{phase}: {ms:.2f} ms per step ({ms / step_ms:.0%} of a step)")
+        if phase == "rest":
+            continue
+        listed = sorted(ops[phase].items(), key=lambda kv: -kv[1])
+        for name, us in listed[: args.top]:
+            print(f"  {us / steps / 1e3:7.3f} ms  {name}")
+        rest_ms = sum(us for _, us in listed[args.top :]) / steps / 1e3
+        overhead = ms - sum(ops[phase].values()) / steps / 1e3
+        print(f"  {rest_ms:7.3f} ms  ({len(listed) - args.top} other ops)")
+        print(f"  {overhead:7.3f} ms  Python and dispatch (wall minus the ops' self time)")
+
+
+if __name__ == "__main__":
+    main()
