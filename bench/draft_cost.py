@@ -34,16 +34,27 @@ def cpu_timed(fn):
     return out, time.thread_time() - start
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_tree_alone_args(ap: argparse.ArgumentParser, prompts: int) -> None:
+    """The options of the draft-step benches (this one and draft_profile.py): the pair, prompts x
+    tokens, the drafter's tree (no lookup branch), threads."""
     ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-full")
     ap.add_argument("--target", default="smollm2-135m-instruct")
-    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=prompts)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--budget", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1, help="1: all work on this thread, CPU time exact")
+
+
+def tree_alone(args: argparse.Namespace) -> dict[str, object]:
+    """SpecEngine settings for the drafter's tree alone, as SGLang and vLLM serve it."""
+    return {"mode": "tree", "k": args.k, "topk": args.topk, "tree_budget": args.budget, "lookup_tokens": 0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_tree_alone_args(ap, prompts=6)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     setup = load_pair(args.target, "float32", args.drafter, "bfloat16", args.threads)
@@ -51,7 +62,7 @@ def main() -> None:
     embed = target.model.get_input_embeddings().weight
     drafter_f32 = load_drafter(args.drafter, embed, dtype=torch.float32, target_config=target.config)
     pack_linears(drafter_f32)
-    shape = {"mode": "tree", "k": args.k, "topk": args.topk, "tree_budget": args.budget, "lookup_tokens": 0}
+    shape = tree_alone(args)
     engines = {
         name: SpecEngine.for_target(target, drafter, temperature=0.0, seed=0, **shape)
         for name, drafter in (("bf16 drafter", setup.drafter), ("float32 packed drafter", drafter_f32))

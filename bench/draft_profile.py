@@ -22,6 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from bench.decoding import load_pair, mtbench_prompts
+from bench.draft_cost import add_tree_alone_args, tree_alone
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 
 PHASES = ("prefill", "draft", "verify")
@@ -66,15 +67,8 @@ def phase_of(event) -> str | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-full")
-    ap.add_argument("--target", default="smollm2-135m-instruct")
-    ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=2)
-    ap.add_argument("--topk", type=int, default=4)
-    ap.add_argument("--budget", type=int, default=6)
+    add_tree_alone_args(ap, prompts=2)
     ap.add_argument("--drafter-dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--top", type=int, default=8, help="ops listed per phase")
     ap.add_argument(
         "--match", type=float, help="a speedup to reach (e.g. prompt lookup's): the acceptance it needs"
@@ -82,8 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     setup = load_pair(args.target, "float32", args.drafter, args.drafter_dtype, args.threads)
-    shape = {"mode": "tree", "k": args.k, "topk": args.topk, "tree_budget": args.budget, "lookup_tokens": 0}
-    engine = SpecEngine.for_target(setup.target, setup.drafter, temperature=0.0, seed=0, **shape)
+    engine = SpecEngine.for_target(setup.target, setup.drafter, temperature=0.0, seed=0, **tree_alone(args))
     prompts = mtbench_prompts(setup.target, args.prompts)
     engine.generate(prompts[0][1], 8, setup.eos)  # warm-up: first-call allocations out of the profile
     calls = label_phases(engine)
@@ -105,7 +98,7 @@ def main() -> None:
     wall["rest"] = wall["total"] - wall["prefill"] - wall["draft"] - wall["verify"]
     print(
         f"drafter: {args.drafter} ({args.drafter_dtype}); tree {args.k}/{args.topk}/{args.budget}, "
-        f"no lookup; {len(prompts)} prompts x {args.tokens} tokens; {steps:.0f} steps; threads {args.threads}"
+        f"no lookup; {len(prompts)} prompts x {args.tokens} tokens; {steps} steps; threads {args.threads}"
     )
     step_ms = (wall["total"] - wall["prefill"]) / steps / 1e3
     print(f"one step: {step_ms:.2f} ms wall (profiler on)")
