@@ -15,7 +15,7 @@ from rich.console import Console
 
 from eagle3.cli.command import main
 from eagle3.cli.compare import comparison
-from eagle3.cli.experiments import Experiment, ExperimentsError, from_dvc_json, select
+from eagle3.cli.experiments import Experiment, ExperimentsError, from_dvc_json, select, stale_stages
 from eagle3.cli.queue_workers import WORKER_PID_DIR
 from eagle3.cli.report import verdict, write_report
 
@@ -214,3 +214,24 @@ def test_compare_warns_of_a_queue_worker_alive_with_an_empty_queue(tmp_path, mon
         worker.wait(timeout=30)
     assert main(["compare", "--json", "shown.json"]) == 0
     assert capsys.readouterr().err == ""  # the same pid file, its worker gone: no warning
+
+
+def test_a_stage_is_stale_behind_a_rebuilt_input_and_so_is_what_it_feeds():
+    def entry(deps: dict, outs: dict) -> dict:
+        return {
+            "deps": [{"path": p, "md5": h} for p, h in deps.items()],
+            "outs": [{"path": p, "md5": h} for p, h in outs.items()],
+        }
+
+    lock = {
+        "stages": {
+            "extract": entry({"stages/extract.py": "s1"}, {"artifacts/extract": "new.dir"}),
+            "vocab-map": entry({"artifacts/extract": "old.dir"}, {"artifacts/vocab-map": "v.dir"}),
+            "train": entry({"artifacts/vocab-map": "v.dir"}, {"artifacts/train/drafter": "d.dir"}),
+            "speculative-eval": entry({"artifacts/train/drafter": "d.dir"}, {}),
+        }
+    }
+    assert stale_stages(lock) == {"vocab-map", "train", "speculative-eval"}
+    lock["stages"]["vocab-map"]["deps"][0]["md5"] = "new.dir"  # the whole chain re-ran
+    assert stale_stages(lock) == set()
+    assert stale_stages({}) == set()

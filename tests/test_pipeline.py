@@ -14,6 +14,9 @@ import yaml
 from background import project_env
 from conftest import SHAREGPT_SAMPLE
 from project_copy import copy_code
+from test_compare import render
+
+from eagle3.cli.experiments import dvc_experiments
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -96,6 +99,20 @@ def test_temp_dir_experiment_is_tracked_at_the_repo_root(project):
     runs = [r for r in mlflow_runs(project) if r.data.tags.get("DVC_EXP_NAME") == "temp-vocab"]
     assert len(runs) == 1 and runs[0].data.params["vocab.size"] == "100"
     assert "coverage" in runs[0].data.metrics
+
+
+def test_targeted_experiment_leaves_out_the_metrics_of_stages_it_did_not_run(project):
+    # `dvc exp run extract` commits vocab-map.json as the baseline left it: another extraction's
+    targeted_run = ["exp", "run", "--temp", "extract", "-S", "data.num_samples=4", "-n", "fewer-samples"]
+    exp = dvc(*targeted_run, cwd=project)
+    assert "Running stage 'extract'" in exp.stdout and "vocab-map" not in exp.stdout
+    rows = {r.name: r for r in dvc_experiments(project)}
+    targeted = rows["fewer-samples"]
+    baseline = next(r for name, r in rows.items() if name in ("main", "master"))
+    assert targeted.stale == ("vocab-map",) and "coverage" not in targeted.metrics
+    assert targeted.metrics["num_samples"] == 4  # the stage that ran keeps its figures
+    assert baseline.stale == () and 0 < baseline.metrics["coverage"] <= 1
+    assert "fewer-samples: vocab-map did not run" in " ".join(render(list(rows.values())).split())
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,12 @@ def comparison(experiments: list[Experiment]) -> RenderableType:
         )
     elif len(letters) > 1:
         legend.append("warning: these rows were measured with different dtypes.\n", style="yellow")
+    for e in experiments:
+        if e.stale:
+            legend.append(
+                f"{e.label}: {', '.join(e.stale)} did not run for this experiment (a targeted "
+                "`dvc exp run`); the figures it left from another run are not shown.\n"
+            )
     return Group(quality, Text(), speed, legend)
 
 

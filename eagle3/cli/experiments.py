@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ class Experiment:
     metrics: dict[str, Any]  # flat, every stage merged: "coverage", "acceptance_length_ci.lo"
     machine: str | None = None  # where speculative-eval measured the speeds
     dtypes: dict[str, str] = field(default_factory=dict)  # extract, train, eval, drafter
+    stale: tuple[str, ...] = ()  # stages whose metrics were left out: not re-run for this row
 
     def number(self, key: str) -> float | None:
         value = self.metrics.get(key)
@@ -81,7 +83,55 @@ def _stage_rows(stage_metrics: dict[str, dict[str, Any]]) -> tuple[dict[str, Any
     return merged, machine, dtypes
 
 
-def _from_dvc_state(name: str, state: dict[str, Any]) -> Experiment | None:
+def stale_stages(lock: dict[str, Any]) -> set[str]:
+    """The stages of a dvc.lock whose entry predates an input rebuilt since, directly or through
+    another stale stage. A targeted `dvc exp run ... train` re-runs train only and commits the
+    workspace's speculative-eval metrics as they were: another drafter's figures."""
+    stages = lock.get("stages") or {}
+    made_by = {
+        out.get("path"): (name, out.get("md5"))
+        for name, stage in stages.items()
+        for out in stage.get("outs") or []
+    }
+    stale: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for name, stage in stages.items():
+            if name in stale:
+                continue
+            for dep in stage.get("deps") or []:
+                maker = made_by.get(dep.get("path"))
+                if maker and (maker[0] in stale or maker[1] != dep.get("md5")):
+                    stale.add(name)
+                    grew = True
+                    break
+    return stale
+
+
+LockReader = Callable[[str], "dict[str, Any] | None"]  # rev ("workspace" or a sha) -> its dvc.lock
+
+
+def git_lock_reader(repo: str | Path, workspace: bool = True) -> LockReader:
+    """dvc.lock as committed at a revision of `repo`; the file itself for the workspace, unless
+    the rows come from elsewhere (a saved JSON file: its workspace is not this one)."""
+
+    def read(rev: str) -> dict[str, Any] | None:
+        if rev == "workspace":
+            path = Path(repo) / "dvc.lock"
+            if not workspace:
+                return None
+            text = path.read_text() if path.exists() else None
+        else:
+            show = ["git", "show", f"{rev}:dvc.lock"]
+            done = subprocess.run(show, cwd=repo, capture_output=True, text=True)
+            text = done.stdout if done.returncode == 0 else None
+        return yaml.safe_load(text) if text else None
+
+    return read
+
+
+def _from_dvc_state(name: str, state: dict[str, Any], read_lock: LockReader | None) -> Experiment | None:
     data = state.get("data") or {}
     files = data.get("metrics") or {}
     stage_metrics = {
@@ -89,27 +139,31 @@ def _from_dvc_state(name: str, state: dict[str, Any]) -> Experiment | None:
         for path, content in files.items()
         if isinstance(content, dict) and content.get("data")
     }
+    lock = read_lock(state.get("rev") or "") if read_lock else None
+    stale = tuple(s for s in stage_metrics if s in stale_stages(lock or {}))
+    stage_metrics = {s: m for s, m in stage_metrics.items() if s not in stale}
     if not stage_metrics:
         return None  # queued, running or failed: nothing measured
     params = (data.get("params") or {}).get("params.yaml", {}).get("data") or {}
     metrics, machine, dtypes = _stage_rows(stage_metrics)
-    return Experiment(name, flatten(params), metrics, machine, dtypes)
+    return Experiment(name, flatten(params), metrics, machine, dtypes, stale)
 
 
-def from_dvc_json(shown: list[dict[str, Any]]) -> list[Experiment]:
-    """Rows of `dvc exp show --json`: each baseline commit, then its experiments (latest rev)."""
+def from_dvc_json(shown: list[dict[str, Any]], read_lock: LockReader | None = None) -> list[Experiment]:
+    """Rows of `dvc exp show --json`: each baseline commit, then its experiments (latest rev).
+    With `read_lock`, a stage's metrics are left out of a row whose dvc.lock says it is stale."""
     rows: list[Experiment] = []
     for baseline in shown:
         rev = baseline.get("rev") or ""
         name = baseline.get("name") or ("workspace" if rev == "workspace" else rev[:7])
-        if row := _from_dvc_state(name, baseline):
+        if row := _from_dvc_state(name, baseline, read_lock):
             rows.append(row)
         for exp in baseline.get("experiments") or []:
             revs = exp.get("revs") or []
             if not revs or (exp.get("executor") or {}).get("state") in UNFINISHED:
                 continue  # a running one shows its baseline's metrics until it finishes
             name = exp.get("name") or revs[0].get("name") or (revs[0].get("rev") or "")[:7]
-            if row := _from_dvc_state(name, revs[0]):
+            if row := _from_dvc_state(name, revs[0], read_lock):
                 rows.append(row)
     # the workspace usually repeats its baseline or an applied experiment: keep the named row
     named = [(r.params, r.metrics) for r in rows if r.name != "workspace"]
@@ -123,13 +177,14 @@ def dvc_experiments(repo: str | Path = ".", all_commits: bool = False) -> list[E
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         raise ExperimentsError(f"`dvc exp show` failed in {repo}: {lines[-1] if lines else 'no output'}")
-    return from_dvc_json(json.loads(done.stdout or "[]"))
+    return from_dvc_json(json.loads(done.stdout or "[]"), git_lock_reader(repo))
 
 
 def read_dvc_json(path: str | Path) -> list[Experiment]:
-    """Rows of a saved `dvc exp show --json > FILE`."""
+    """Rows of a saved `dvc exp show --json > FILE` (stale stages told apart where the current
+    directory's git repository holds the revisions)."""
     try:
-        return from_dvc_json(json.loads(Path(path).read_text()))
+        return from_dvc_json(json.loads(Path(path).read_text()), git_lock_reader(".", workspace=False))
     except FileNotFoundError as err:
         raise ExperimentsError(f"{path} does not exist") from err
     except (json.JSONDecodeError, AttributeError, TypeError) as err:
