@@ -35,3 +35,23 @@ def test_smollm2_float64_speculative_equals_greedy(smollm2, setting):
     eos = eos_token_ids(target.model, target.tokenizer)
     base = greedy_decode(target.model, prompt, 10, eos)
     assert engine.generate(prompt, 10, eos).tokens == base.tokens
+
+
+def test_a_second_drafter_on_the_loaded_target_decodes_as_if_loaded_alone():
+    """bench/drafters.py compares two drafters on one loaded (and packed) target: the second
+    must draft exactly as it does when it is loaded with a target of its own."""
+    from pathlib import Path
+
+    from eagle3.decoding.setup import DecodingSetup
+
+    shipped = Path(__file__).parents[1] / "drafters" / "smollm2-135m-instruct-full"
+    target = TargetParams(dtype="float32")
+    alone = DecodingSetup.load(target, shipped, "bfloat16")
+    untrained = DecodingSetup.load(target, None, "bfloat16")
+    second = untrained.with_drafter(shipped)
+    assert second.target is untrained.target and second.drafter_dtype == torch.bfloat16
+    prompt = alone.render(load_prompts(None, 1))[0][1]
+    settings = dict(mode="tree", k=2, topk=4, tree_budget=6)
+    runs = [s.engine(**settings).generate(prompt, 24, s.eos) for s in (alone, second, untrained)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].accepted == runs[1].accepted
+    assert sum(runs[1].accepted) > sum(runs[2].accepted)  # the trained drafter, not the untrained one

@@ -68,6 +68,11 @@ def engine_settings(ev: EvalParams) -> dict:
     }
 
 
+def _check_fits(drafter_dir: Path, target: Target) -> None:
+    if why := load_drafter_config(drafter_dir).mismatch(target.vocab_size, target.num_layers):
+        raise InputError(f"{drafter_dir} was {why}")
+
+
 @dataclass
 class DecodingSetup:
     """A target and a drafter loaded for decoding, and what every decoder of the pair needs."""
@@ -91,8 +96,7 @@ class DecodingSetup:
         (acceptance ~0: it measures the engine's own overhead)."""
         loaded = load_target(target, job="decode")
         if drafter_dir is not None:
-            if why := load_drafter_config(drafter_dir).mismatch(loaded.vocab_size, loaded.num_layers):
-                raise InputError(f"{drafter_dir} was {why}")
+            _check_fits(drafter_dir, loaded)
         dtype = loaded.model.dtype
         if drafter_dtype is not None:
             dtype = resolve_dtype(drafter_dtype, "decode", Shape.of(loaded.config))
@@ -108,6 +112,16 @@ class DecodingSetup:
             pack_linears(loaded.model)
             pack_linears(drafter)
         return cls(loaded, drafter, dtype)
+
+    def with_drafter(self, drafter_dir: Path, pack: bool = True) -> DecodingSetup:
+        """Another exported drafter on this same loaded target, in the same dtype: two drafters
+        compared in one run (bench/drafters.py) share one target, its weights and its packing."""
+        _check_fits(drafter_dir, self.target)
+        embed = self.target.model.get_input_embeddings().weight
+        drafter = load_drafter(drafter_dir, embed, dtype=self.drafter_dtype, target_config=self.target.config)
+        if pack:
+            pack_linears(drafter)
+        return DecodingSetup(self.target, drafter, self.drafter_dtype)
 
     @classmethod
     def for_eval(cls, params: Params, drafter_dir: Path) -> DecodingSetup:
