@@ -24,6 +24,7 @@ from eagle3.core.stageio import write_json
 from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
 from eagle3.drafter import DrafterConfig, TTTCache, export_drafter, load_drafter
 from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
+from eagle3.train.argmax import cache_file, target_argmax
 from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs
 from eagle3.train.data import BatchSource, split_samples
@@ -503,3 +504,37 @@ def test_max_samples_trains_on_fewer_samples_against_the_same_heldout_set(tmp_pa
     assert part["heldout_tokens"] == full["heldout_tokens"]
     assert 0 < part["train_tokens"] < full["train_tokens"]
     assert part["steps"] < full["steps"]
+
+
+# --- the target's argmax, kept per feature store ---------------------------------------------------
+
+
+def test_the_target_argmax_is_kept_per_feature_store_and_trains_the_same_bytes(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    inputs = tiny_inputs(tmp_path / "f")
+    store, head, samples = inputs.store, inputs.head, list(range(len(inputs.store)))
+    direct = {s: (store.sample(s)["last_hidden"].float() @ head.T).argmax(-1) for s in samples}
+    assert all(
+        torch.equal(ids.long(), direct[s]) for s, ids in target_argmax(store, samples, head, "m").items()
+    )
+    assert cache_file("m", head).exists()
+    # read back, not recomputed: a zero head would give argmax 0 everywhere
+    zero = torch.zeros_like(head)
+    cached = target_argmax(store, samples[:5], zero, "m")
+    assert cached.keys() == set(samples[:5]) and all(torch.equal(cached[s].long(), direct[s]) for s in cached)
+    assert all(
+        int(ids.max()) == 0 for ids in target_argmax(store, samples[:5], zero, "other manifest").values()
+    )
+    cache_file("m", head).write_bytes(b"damaged")  # a damaged cache file is recomputed, never trusted
+    assert all(
+        torch.equal(ids.long(), direct[s]) for s, ids in target_argmax(store, samples, head, "m").items()
+    )
+
+    p = tiny_params(epochs=1)
+    keyed = TrainInputs(**{**inputs.__dict__, "features_sha256": "f"})
+    kept_before = set((tmp_path / "cache" / "target-argmax").iterdir())
+    cold = trainable_state(train_drafter(p, keyed, tmp_path / "a").drafter)
+    assert len(set((tmp_path / "cache" / "target-argmax").iterdir()) - kept_before) == 1
+    warm = trainable_state(train_drafter(p, keyed, tmp_path / "b").drafter)
+    uncached = trainable_state(train_drafter(p, inputs, tmp_path / "c").drafter)
+    assert all(torch.equal(cold[k], warm[k]) and torch.equal(cold[k], uncached[k]) for k in cold)

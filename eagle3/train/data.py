@@ -17,6 +17,7 @@ from torch import Tensor
 
 from eagle3.core.device import resolve_dtype
 from eagle3.data.store import FeatureStore
+from eagle3.train.argmax import target_argmax
 
 POOL_BATCHES = 16  # batches per sorting pool: more = less padding, less randomness
 
@@ -123,42 +124,16 @@ class BatchSource:
         )
 
 
-@torch.no_grad()
 def target_in_draft(
-    store: FeatureStore, samples: list[int], lm_head: Tensor, t2d: Tensor, chunk_tokens: int = 2048
+    store: FeatureStore, samples: list[int], lm_head: Tensor, t2d: Tensor, features_sha256: str | None = None
 ) -> dict[int, Tensor]:
     """Per sample: is the target's full-vocabulary argmax inside the draft vocab?
 
-    From last_hidden: computed once per run, in chunks, with every row of the target lm_head
-    (the training steps then multiply only the K draft rows). A top-N store holds the argmax.
-    """
+    A top-N store holds the argmax; otherwise it is computed from last_hidden with every row of
+    the target lm_head (the training steps then multiply only the K draft rows), once per feature
+    store on this machine (eagle3/train/argmax.py)."""
     if store.target_topk is not None:
         return {s: t2d[store.sample(s)["target_topk_ids"][:, 0].long()].clone() for s in samples}
     head = lm_head.to(resolve_dtype("auto")) if lm_head.device.type == "cpu" else lm_head
-    out: dict[int, Tensor] = {}
-    pending: list[tuple[int, Tensor]] = []
-    size = 0
-
-    def flush() -> None:
-        nonlocal pending, size
-        if not pending:
-            return
-        hidden = torch.cat([h for _, h in pending]).to(head.dtype)
-        ids = torch.cat(
-            [(hidden[i : i + chunk_tokens] @ head.T).argmax(-1) for i in range(0, len(hidden), chunk_tokens)]
-        )
-        inside = t2d[ids]
-        at = 0
-        for s, h in pending:
-            out[s] = inside[at : at + len(h)].clone()
-            at += len(h)
-        pending, size = [], 0
-
-    for s in samples:
-        h = store.sample(s)["last_hidden"]
-        pending.append((s, h))
-        size += len(h)
-        if size >= chunk_tokens:
-            flush()
-    flush()
-    return out
+    argmax = target_argmax(store, samples, head, features_sha256)
+    return {s: t2d[ids.long()] for s, ids in argmax.items()}

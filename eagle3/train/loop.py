@@ -119,7 +119,8 @@ class TrainRecipe:
             train_ids = train_ids[: p.max_samples]
         if heldout_only:
             train_ids = []
-        in_draft = target_in_draft(store, train_ids + held_ids, self.inputs.head, self.inputs.t2d)
+        samples, fp = train_ids + held_ids, self.inputs.features_sha256
+        in_draft = target_in_draft(store, samples, self.inputs.head, self.inputs.t2d, fp)
         self.train_src = BatchSource(store, train_ids, in_draft, p.seq_len)
         self.held_src = BatchSource(store, held_ids, in_draft, p.seq_len)
 

@@ -41,6 +41,7 @@ class TrainInputs:
     run_key: str = ""  # identifies params + inputs; a checkpoint with another key is not resumed
     final_norm: Tensor | None = None  # target final norm as a Llama RMSNorm weight [H] (head_init: target)
     init: InitDrafter | None = None  # train.init: the drafter to fine-tune (checked against the target)
+    features_sha256: str | None = None  # of the features' manifest: keys the cached target argmax
 
 
 def precision(p: TrainParams, cfg: DrafterConfig | None = None) -> tuple[torch.dtype, bool]:
@@ -200,4 +201,4 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
     norm = load_target_final_norm(params.target.source, master)
     key = run_key(params.train, cfg, features_sha256, sha256_file(mapping / MAPPING), init and init.sha256)
-    return TrainInputs(store, embed, head, d2t, t2d, cfg, key, norm, init)
+    return TrainInputs(store, embed, head, d2t, t2d, cfg, key, norm, init, features_sha256)
