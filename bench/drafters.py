@@ -24,49 +24,37 @@ from bench.decoding import mtbench_prompts
 from eagle3.core.device import DTYPES, machine
 from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import Generation, greedy_decode
-from eagle3.decoding.evaluate import prompt_lookup_decode
+from eagle3.decoding.evaluate import decode_rotated, generation_totals, prompt_lookup_decode
 from eagle3.decoding.setup import DecodingSetup, check_draft_depth
-from eagle3.decoding.stats import (
-    Totals,
-    acceptance_length,
-    percentile_interval,
-    resample_index,
-    speedup,
-)
+from eagle3.decoding.stats import Totals, acceptance_length, percentile_interval, resample_index, speedup
 from eagle3.drafter.export import trained_ttt_length
 
+Decoder = tuple[str, Callable[[list[int]], Generation]]
 
-def decode_all(
-    decoders: dict[str, Callable[[list[int]], Generation]], prompts: list[tuple[str, list[int]]]
-) -> list[dict[str, Generation]]:
-    """Every prompt through every decoder, the order rotated per prompt; one untimed warm-up."""
-    names = list(decoders)
-    for decode in decoders.values():
-        decode(prompts[0][1][:32])
+
+def decode_all(decoders: list[Decoder], prompts: list[tuple[str, list[int]]]) -> list[dict[str, Generation]]:
+    """Every prompt through every decoder in rotating order, after one untimed warm-up."""
+    for _, decode in decoders:
+        decode(prompts[0][1])
     rows = []
     for i, (pid, ids) in enumerate(prompts):
-        shift = i % len(names)
-        rows.append({name: decoders[name](ids) for name in names[shift:] + names[:shift]})
-        line = ", ".join(f"{n} {len(g.tokens) / g.seconds:.1f}" for n, g in rows[-1].items())
+        rows.append(decode_rotated(decoders, ids, i))
+        line = ", ".join(f"{name} {_rate(g):.1f}" for name, g in rows[-1].items())
         print(f"  {pid}: tokens/s {line}", flush=True)
     return rows
 
 
-def totals(rows: list[dict[str, Generation]], name: str) -> Totals:
-    """Per-prompt counts of decoder `name` against the plain decoder of the same prompt."""
-    return Totals.of(
-        steps=[len(r[name].accepted) for r in rows],  # none for prompt lookup: its acceptance is NaN
-        accepted=[sum(r[name].accepted) for r in rows],
-        spec_tokens=[len(r[name].tokens) for r in rows],
-        spec_s=[r[name].seconds for r in rows],
-        base_tokens=[len(r["plain"].tokens) for r in rows],
-        base_s=[r["plain"].seconds for r in rows],
-    )
+def _rate(g: Generation) -> float:
+    return len(g.tokens) / g.seconds
+
+
+def _totals(rows: list[dict[str, Generation]], name: str) -> Totals:
+    return generation_totals([r[name] for r in rows], [r["plain"] for r in rows])
 
 
 def _ci(samples: np.ndarray) -> str:
     iv = percentile_interval(samples)
-    return f"[{iv['lo']:.2f}, {iv['hi']:.2f}]" if iv else "[n/a]"
+    return f"[{iv['lo']:.3f}, {iv['hi']:.3f}]" if iv else "[n/a]"
 
 
 def main() -> None:
@@ -85,6 +73,8 @@ def main() -> None:
     ap.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens of the peer (0 = skip)")
     ap.add_argument("--seed", type=int, default=0, help="of the bootstrap resamples")
     args = ap.parse_args()
+    if args.prompts < 1:
+        ap.error("--prompts: at least 1")
 
     paths = {"A": Path(args.a), "B": Path(args.b)}
     for path in paths.values():
@@ -96,13 +86,13 @@ def main() -> None:
     engines = {name: s.engine(**settings) for name, s in setups.items()}
     model, eos, n = setup_a.target.model, setup_a.eos, args.tokens
 
-    decoders: dict[str, Callable[[list[int]], Generation]] = {
-        "plain": lambda ids: greedy_decode(model, ids, n, eos),
-        "A": lambda ids: engines["A"].generate(ids, n, eos),
-        "B": lambda ids: engines["B"].generate(ids, n, eos),
-    }
+    decoders: list[Decoder] = [
+        ("plain", lambda ids: greedy_decode(model, ids, n, eos)),
+        ("A", lambda ids: engines["A"].generate(ids, n, eos)),
+        ("B", lambda ids: engines["B"].generate(ids, n, eos)),
+    ]
     if args.lookup:
-        decoders["lookup"] = lambda ids: prompt_lookup_decode(model, ids, n, eos, args.lookup)
+        decoders.append(("lookup", lambda ids: prompt_lookup_decode(model, ids, n, eos, args.lookup)))
 
     print("machine:", machine())
     for name, path in paths.items():
@@ -110,35 +100,36 @@ def main() -> None:
     tree = f" topk={args.topk} budget={args.budget}" if args.mode == "tree" else ""
     print(f"{args.prompts} MT-bench prompts x {n} tokens, {args.mode} k={args.k}{tree}, drafters alone")
     rows = decode_all(decoders, mtbench_prompts(setup_a.target, args.prompts))
-    report(rows, [name for name in decoders if name != "plain"], args.seed)
-
-
-def _rate(g: Generation) -> float:
-    return len(g.tokens) / g.seconds
+    report(rows, [name for name, _ in decoders if name != "plain"], args.seed)
 
 
 def report(rows: list[dict[str, Generation]], names: list[str], seed: int) -> None:
-    """Each decoder's figures against plain decoding, then the paired differences."""
+    """Each decoder against plain decoding, then the paired comparisons (95% intervals)."""
+    whole = {name: _totals(rows, name).sum_over(np.arange(len(rows))) for name in names}
     index = resample_index(len(rows), seed)
-    sums = {name: totals(rows, name).sum_over(index) for name in names}
+    sums = {name: _totals(rows, name).sum_over(index) for name in names}
     for name in names:
-        whole = totals(rows, name).sum_over(np.arange(len(rows)))
         line = f"{name}:"
         if name != "lookup":
-            length, ci = acceptance_length(whole), _ci(acceptance_length(sums[name]))
-            line += f" acceptance length {length:.3f} {ci} ({whole.steps:.0f} steps),"
+            length, ci = acceptance_length(whole[name]), _ci(acceptance_length(sums[name]))
+            line += f" acceptance length {length:.3f} {ci} ({whole[name].steps:.0f} steps),"
         median = statistics.median(_rate(r[name]) / _rate(r["plain"]) for r in rows)
         match = sum(r[name].tokens == r["plain"].tokens for r in rows)
         print(
-            f"{line} speedup {speedup(whole):.3f}x {_ci(speedup(sums[name]))}, "
+            f"{line} speedup {speedup(whole[name]):.3f}x {_ci(speedup(sums[name]))}, "
             f"median per prompt {median:.2f}x, greedy match {match}/{len(rows)}"
         )
-    pairs = [("B", "A")] + [(x, "lookup") for x in ("A", "B") if "lookup" in names]
-    for x, y in pairs:
-        line = f"{x} - {y}: speedup {_ci(speedup(sums[x]) - speedup(sums[y]))}"
-        if y != "lookup":
-            line += f", acceptance length {_ci(acceptance_length(sums[x]) - acceptance_length(sums[y]))}"
-        print(line + " (paired, 95%)")
+    # B over A in tokens/s: plain decoding's own noise cancels out of this ratio
+    longer = acceptance_length(whole["B"]) - acceptance_length(whole["A"])
+    longer_ci = _ci(acceptance_length(sums["B"]) - acceptance_length(sums["A"]))
+    faster = speedup(whole["B"]) / speedup(whole["A"]) - 1
+    faster_ci = _ci(speedup(sums["B"]) / speedup(sums["A"]) - 1)
+    print(f"B - A: acceptance length {longer:+.3f} {longer_ci}, tokens/s {faster:+.3f} {faster_ci} (paired)")
+    if "lookup" in names:
+        for x in ("A", "B"):
+            diff = speedup(whole[x]) - speedup(whole["lookup"])
+            diff_ci = _ci(speedup(sums[x]) - speedup(sums["lookup"]))
+            print(f"{x} - prompt lookup: speedup {diff:+.3f} {diff_ci} (paired)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from bench.decoding import load_pair, mtbench_prompts
 from eagle3.core.device import DTYPES
 from eagle3.decoding.engine import Generation, greedy_decode
-from eagle3.decoding.evaluate import prompt_lookup_decode
+from eagle3.decoding.evaluate import decode_rotated, prompt_lookup_decode
 
 
 def parse_shape(text: str) -> dict:
@@ -55,20 +55,19 @@ def main() -> None:
     prompts = [ids for _, ids in mtbench_prompts(target, args.prompts)]
     n = args.tokens
 
-    def decoders(ids: list[int]) -> list[tuple[str, Callable[[], Generation]]]:
-        out = [("plain", lambda: greedy_decode(target.model, ids, n, eos))]
-        if args.lookup:
-            out.append(("lookup", lambda: prompt_lookup_decode(target.model, ids, n, eos, args.lookup)))
-        return out + [(shape, lambda e=e: e.generate(ids, n, eos)) for shape, e in engines.items()]
+    decoders: list[tuple[str, Callable[[list[int]], Generation]]] = [
+        ("plain", lambda ids: greedy_decode(target.model, ids, n, eos))
+    ]
+    if args.lookup:
+        decoders.append(("lookup", lambda ids: prompt_lookup_decode(target.model, ids, n, eos, args.lookup)))
+    decoders += [(shape, lambda ids, e=e: e.generate(ids, n, eos)) for shape, e in engines.items()]
 
-    for _, decode in decoders(prompts[0]):  # warm-up, untimed
-        decode()
+    for _, decode in decoders:  # warm-up, untimed
+        decode(prompts[0])
     runs: dict[str, list[Generation]] = {}
     for i, ids in enumerate(prompts):
-        order = decoders(ids)
-        shift = i % len(order)
-        for name, decode in order[shift:] + order[:shift]:
-            runs.setdefault(name, []).append(decode())
+        for name, generation in decode_rotated(decoders, ids, i).items():
+            runs.setdefault(name, []).append(generation)
         for shape in engines:
             if runs[shape][-1].tokens != runs["plain"][-1].tokens:
                 raise SystemExit(f"{shape} diverged from plain greedy on prompt {i}")

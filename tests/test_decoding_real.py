@@ -46,7 +46,10 @@ def test_a_second_drafter_on_the_loaded_target_decodes_as_if_loaded_alone():
 
     shipped = Path(__file__).parents[1] / "drafters" / "smollm2-135m-instruct-full"
     target = TargetParams(dtype="float32")
-    alone = DecodingSetup.load(target, shipped, "bfloat16")
+    try:
+        alone = DecodingSetup.load(target, shipped, "bfloat16")
+    except (FileNotFoundError, ImportError, OSError) as err:
+        pytest.skip(f"default target not available: {err}")
     untrained = DecodingSetup.load(target, None, "bfloat16")
     second = untrained.with_drafter(shipped)
     assert second.target is untrained.target and second.drafter_dtype == torch.bfloat16

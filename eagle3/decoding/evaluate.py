@@ -96,6 +96,15 @@ def prompt_lookup_decode(
     return Generation(tokens=tokens, seconds=time.perf_counter() - start)
 
 
+def decode_rotated(
+    decoders: Sequence[tuple[str, Callable[[list[int]], Generation]]], ids: list[int], index: int
+) -> dict[str, Generation]:
+    """Prompt number `index` through every decoder back to back, the order rotated by the index so
+    that machine noise (and any carry-over from the decoder before) hits all of them alike."""
+    shift = index % len(decoders)
+    return {name: decode(ids) for name, decode in decoders[shift:] + decoders[:shift]}
+
+
 def run_comparison(
     engine: SpecEngine,
     prompts: Sequence[tuple[str, list[int]]],
@@ -125,10 +134,7 @@ def run_comparison(
     run = EvalRun()
     block = engine.max_depth + 1  # the width of a chain verification (a tree's deepest path + root)
     for i, (pid, ids) in enumerate(prompts):
-        outputs: dict[str, Generation] = {}
-        shift = i % len(decoders)
-        for name, decode in decoders[shift:] + decoders[:shift]:
-            outputs[name] = decode(ids)
+        outputs = decode_rotated(decoders, ids, i)
         result = PromptResult(pid, len(ids), outputs["baseline"], outputs["spec"], outputs.get("lookup"))
         if check and not result.match:
             result.divergence = check_divergence(
@@ -197,15 +203,27 @@ def prompt_totals(run: EvalRun) -> Totals:
     """The per-prompt counts the ratio metrics and their intervals are computed from."""
     results = run.results
     lookup = bool(results) and all(r.lookup is not None for r in results)
+    return generation_totals(
+        [r.spec for r in results],
+        [r.baseline for r in results],
+        [r.lookup for r in results if r.lookup is not None] if lookup else None,
+    )
+
+
+def generation_totals(
+    spec: Sequence[Generation], base: Sequence[Generation], lookup: Sequence[Generation] | None = None
+) -> Totals:
+    """Per-prompt counts of a speculative decoder's generations against plain decoding's of the
+    same prompts (and prompt lookup's, when given)."""
     return Totals.of(
-        steps=[len(r.spec.accepted) for r in results],
-        accepted=[sum(r.spec.accepted) for r in results],
-        spec_tokens=[len(r.spec.tokens) for r in results],
-        spec_s=[r.spec.seconds for r in results],
-        base_tokens=[len(r.baseline.tokens) for r in results],
-        base_s=[r.baseline.seconds for r in results],
-        lookup_tokens=[len(r.lookup.tokens) for r in results] if lookup else None,
-        lookup_s=[r.lookup.seconds for r in results] if lookup else None,
+        steps=[len(g.accepted) for g in spec],
+        accepted=[sum(g.accepted) for g in spec],
+        spec_tokens=[len(g.tokens) for g in spec],
+        spec_s=[g.seconds for g in spec],
+        base_tokens=[len(g.tokens) for g in base],
+        base_s=[g.seconds for g in base],
+        lookup_tokens=[len(g.tokens) for g in lookup] if lookup else None,
+        lookup_s=[g.seconds for g in lookup] if lookup else None,
     )
 
 

@@ -1,5 +1,5 @@
 """Decoding the target with a drafter, set up once for everyone who does it: speculative-eval
-(both backends), the benches (bench/decoding.py, bench/trees.py) and `eagle3 serve-command`.
+(both backends), the benches (bench/decoding.py, trees.py, drafters.py) and `eagle3 serve-command`.
 
 - which drafter, and the one rule on its depth: eval.k draft steps may not exceed the TTT length
   the drafter was trained with, because the steps past it were never trained;
@@ -80,6 +80,7 @@ class DecodingSetup:
     target: Target
     drafter: Eagle3Drafter
     drafter_dtype: torch.dtype
+    packed: bool = True
 
     @classmethod
     def load(
@@ -111,17 +112,17 @@ class DecodingSetup:
         if pack:
             pack_linears(loaded.model)
             pack_linears(drafter)
-        return cls(loaded, drafter, dtype)
+        return cls(loaded, drafter, dtype, pack)
 
-    def with_drafter(self, drafter_dir: Path, pack: bool = True) -> DecodingSetup:
-        """Another exported drafter on this same loaded target, in the same dtype: two drafters
-        compared in one run (bench/drafters.py) share one target, its weights and its packing."""
+    def with_drafter(self, drafter_dir: Path) -> DecodingSetup:
+        """Another exported drafter on this same loaded target, in the same dtype and packing: two
+        drafters compared in one run (bench/drafters.py) share one target and its weights."""
         _check_fits(drafter_dir, self.target)
         embed = self.target.model.get_input_embeddings().weight
         drafter = load_drafter(drafter_dir, embed, dtype=self.drafter_dtype, target_config=self.target.config)
-        if pack:
+        if self.packed:
             pack_linears(drafter)
-        return DecodingSetup(self.target, drafter, self.drafter_dtype)
+        return DecodingSetup(self.target, drafter, self.drafter_dtype, self.packed)
 
     @classmethod
     def for_eval(cls, params: Params, drafter_dir: Path) -> DecodingSetup:

@@ -1,37 +1,40 @@
 """The target's greedy next token at every stored position, computed once per feature store.
 
 Training needs, at every position, whether the target's full-vocabulary argmax lies inside the
-draft vocabulary. That argmax is a [T, H] x [H, V] product over every stored token: 19 minutes
-for 4.36M tokens on a 2-core CPU (docs/results.md, 2026-12-03 10:00), the same for every run on
-those features, whatever its learning rate, epochs or vocab.size. So it is kept in the machine
-cache (eagle3.core.cache), keyed by the features' manifest and everything the product depends
-on, and a later run reads it back. Each sample is multiplied alone, so a value never depends on
-which samples were computed with it: a run from the cache and a run without one train the same
-bytes.
+draft vocabulary. That argmax is a [T, H] x [H, V] product over every stored token (~19 minutes
+for 4.36M tokens on a 2-core CPU, docs/results.md), the same for every run on those features,
+whatever its learning rate, epochs or vocab.size. So it is kept in the machine cache
+(eagle3.core.cache), keyed by the features' manifest, the head's bytes and the machine, and a
+later run or a resume reads it back. Each sample is multiplied alone, in fixed row blocks, so a
+value never depends on which samples were computed with it: a run from the cache and a run
+without one train the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
+import io
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from eagle3.core.cache import cache_root
+from eagle3.core.device import machine
+from eagle3.core.stageio import write_bytes
 from eagle3.data.store import FeatureStore
+
+# Bump when the way the argmax is computed changes: older cache files are then never read.
+VERSION = 1
+ROWS = 2048  # rows per product: bounds the [rows, V] logits of a long sample
 
 
 def cache_file(features_sha256: str, head: Tensor) -> Path:
-    """Where the argmax of these features under this head (dtype, shape, threads) is kept."""
-    parts = (
-        features_sha256,
-        str(head.dtype),
-        str(tuple(head.shape)),
-        torch.__version__,
-        torch.get_num_threads(),
-    )
+    """Where the argmax of these features under this head (its bytes, dtype and device) on this
+    machine (CPU or GPU, torch, threads: bf16 products round differently across them) is kept."""
+    weights = hashlib.sha256(head.detach().cpu().contiguous().view(torch.uint8).numpy()).hexdigest()
+    shape = (str(head.dtype), tuple(head.shape), head.device.type)
+    parts = (VERSION, features_sha256, weights, shape, machine())
     key = hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
     return cache_root() / "target-argmax" / f"{key}.pt"
 
@@ -47,10 +50,9 @@ def _read(path: Path) -> dict[int, Tensor]:
 
 
 def _write(path: Path, kept: dict[int, Tensor]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.partial")
-    torch.save(kept, partial)
-    partial.replace(path)  # atomic: a reader sees the old file or the whole new one
+    buffer = io.BytesIO()
+    torch.save(kept, buffer)
+    write_bytes(path, buffer.getvalue())  # atomic: a reader sees the old file or the whole new one
 
 
 @torch.no_grad()
@@ -65,7 +67,8 @@ def target_argmax(
     missing = [s for s in samples if s not in kept]
     for s in missing:
         hidden = store.sample(s)["last_hidden"].to(head.device, head.dtype)
-        kept[s] = (hidden @ head.T).argmax(-1).to("cpu", torch.int32)
+        blocks = [(hidden[i : i + ROWS] @ head.T).argmax(-1) for i in range(0, len(hidden), ROWS)]
+        kept[s] = torch.cat(blocks).to("cpu", torch.int32)
     if path and missing:
         _write(path, kept)
     return {s: kept[s] for s in samples}
