@@ -105,9 +105,10 @@ def main() -> None:
 
 def report(rows: list[dict[str, Generation]], names: list[str], seed: int) -> None:
     """Each decoder against plain decoding, then the paired comparisons (95% intervals)."""
-    whole = {name: _totals(rows, name).sum_over(np.arange(len(rows))) for name in names}
+    totals = {name: _totals(rows, name) for name in names}
+    whole = {name: t.sum_over(np.arange(len(rows))) for name, t in totals.items()}
     index = resample_index(len(rows), seed)
-    sums = {name: _totals(rows, name).sum_over(index) for name in names}
+    sums = {name: t.sum_over(index) for name, t in totals.items()}
     for name in names:
         line = f"{name}:"
         if name != "lookup":

@@ -206,7 +206,7 @@ def prompt_totals(run: EvalRun) -> Totals:
     return generation_totals(
         [r.spec for r in results],
         [r.baseline for r in results],
-        [r.lookup for r in results if r.lookup is not None] if lookup else None,
+        [r.lookup for r in results] if lookup else None,
     )
 
 
