@@ -259,9 +259,11 @@ class EvalParams(Section):
     # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32: on AVX2-only CPUs a
     # bf16 forward over n tokens costs ~n one-token forwards, leaving speculation nothing to gain.
     dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
-    # The drafter's own dtype (null = eval.dtype). Its forwards are small and mostly one token,
-    # where bf16 reads half the bytes; losslessness never depends on the drafter's precision.
-    drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = "bfloat16"
+    # The drafter's own dtype (null = eval.dtype). auto = the decode measurement's answer: its
+    # forwards are one-token steps like the target's. Measured per token of the tree alone
+    # (bench/draft_cost.py): bf16 2.5% cheaper on a Zen 4 with AVX512-BF16, 4% dearer on an
+    # AVX2 Zen 3 (emulated). Losslessness never depends on the drafter's precision.
+    drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = "auto"
     # Pack float32 CPU weights of the target and drafter for oneDNN once (eagle3/core/packed.py): all
     # three decoders get faster, multi-token verification most. No effect on GPU or in bf16.
     pack_weights: bool = True
