@@ -39,7 +39,7 @@ def load_pair(
     setup = DecodingSetup.load(target, Path(drafter_dir) if exported else None, drafter_dtype, pack)
     print("machine:", machine())
     if exported:
-        print(f"drafter: {drafter_dir}")
+        print(f"drafter: {drafter_dir} in {str(setup.drafter_dtype).removeprefix('torch.')}")
     else:
         print("drafter: random (no exported drafter found): measures overhead, not speedup")
     return setup
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--drafter", default="artifacts/train/drafter")
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    ap.add_argument("--drafter-dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--drafter-dtype", default="auto", choices=["auto", *sorted(DTYPES)])
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--mode", default="chain", choices=["chain", "tree"])

@@ -1,7 +1,7 @@
 """What the draft step costs, and what a cheaper one would buy: the drafter in bf16 against
 oneDNN-packed float32, and the drafter's own tree at zero draft cost, in one run.
 
-    python -m bench.draft_cost [--drafter drafters/smollm2-135m-instruct-full] [--prompts 6]
+    python -m bench.draft_cost [--drafter drafters/smollm2-135m-instruct-4m] [--prompts 6]
         [--tokens 64] [--k 2 --topk 4 --budget 6] [--threads 1]
 
 Each prompt is decoded plain and speculatively with each drafter dtype (drafter's tree only, no
@@ -37,7 +37,7 @@ def cpu_timed(fn):
 def add_tree_alone_args(ap: argparse.ArgumentParser, prompts: int) -> None:
     """The options of the draft-step benches (this one and draft_profile.py): the pair, prompts x
     tokens, the drafter's tree (no lookup branch), threads."""
-    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-full")
+    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-4m")
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--prompts", type=int, default=prompts)
     ap.add_argument("--tokens", type=int, default=64)

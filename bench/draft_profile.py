@@ -1,8 +1,8 @@
 """Where one speculative step's time goes: torch.profiler over the drafter's own tree (no lookup
 branch, as SGLang and vLLM serve it), each op's self CPU time split by phase.
 
-    python -m bench.draft_profile [--drafter drafters/smollm2-135m-instruct-full] [--prompts 2]
-        [--tokens 64] [--k 2 --topk 4 --budget 6] [--drafter-dtype bfloat16] [--threads 1]
+    python -m bench.draft_profile [--drafter drafters/smollm2-135m-instruct-4m] [--prompts 2]
+        [--tokens 64] [--k 2 --topk 4 --budget 6] [--drafter-dtype auto] [--threads 1]
 
 Phases: "draft" is the drafter's forward over the newly verified tokens plus the tree's draft
 passes (what bench/draft_cost.py times as the draft step), "verify" the target's forward over the
@@ -68,7 +68,7 @@ def phase_of(event) -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_tree_alone_args(ap, prompts=2)
-    ap.add_argument("--drafter-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--drafter-dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     ap.add_argument("--top", type=int, default=8, help="ops listed per phase")
     ap.add_argument(
         "--match", type=float, help="a speedup to reach (e.g. prompt lookup's): the acceptance it needs"
@@ -96,8 +96,9 @@ def main() -> None:
                 ops[phase][event.name] += event.self_cpu_time_total
         wall["total"] += gen.seconds * 1e6
     wall["rest"] = wall["total"] - wall["prefill"] - wall["draft"] - wall["verify"]
+    drafter_dtype = str(setup.drafter_dtype).removeprefix("torch.")
     print(
-        f"drafter: {args.drafter} ({args.drafter_dtype}); tree {args.k}/{args.topk}/{args.budget}, "
+        f"drafter: {args.drafter} ({drafter_dtype}); tree {args.k}/{args.topk}/{args.budget}, "
         f"no lookup; {len(prompts)} prompts x {args.tokens} tokens; {steps} steps; threads {args.threads}"
     )
     step_ms = (wall["total"] - wall["prefill"]) / steps / 1e3

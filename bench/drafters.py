@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("b", help="exported drafter folder B (the candidate)")
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    ap.add_argument("--drafter-dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--drafter-dtype", default="auto", choices=["auto", *sorted(DTYPES)])
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--mode", default="tree", choices=["chain", "tree"])
@@ -94,7 +94,7 @@ def main() -> None:
     if args.lookup:
         decoders.append(("lookup", lambda ids: prompt_lookup_decode(model, ids, n, eos, args.lookup)))
 
-    print("machine:", machine())
+    print("machine:", machine(), "| drafters in", str(setup_a.drafter_dtype).removeprefix("torch."))
     for name, path in paths.items():
         print(f"{name}: {path}")
     tree = f" topk={args.topk} budget={args.budget}" if args.mode == "tree" else ""

@@ -1,6 +1,6 @@
 """Draft shapes (chains and trees) against plain greedy and prompt lookup, in one run.
 
-    python -m bench.trees [--drafter drafters/smollm2-135m-instruct-full] [--prompts 24]
+    python -m bench.trees [--drafter drafters/smollm2-135m-instruct-4m] [--prompts 24]
         [--tokens 128] [--shapes chain:2 tree:2:8:10 tree:3:6:10 ...] [--dtype float32]
 
 A shape is `chain:K` or `tree:K:TOPK:BUDGET[:LOOKUP]` (eval.k, eval.topk, eval.tree_budget,
@@ -39,10 +39,10 @@ def rate(generations: list[Generation]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-full")
+    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-4m")
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    ap.add_argument("--drafter-dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--drafter-dtype", default="auto", choices=["auto", *sorted(DTYPES)])
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens (0 = skip)")
