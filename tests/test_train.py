@@ -19,6 +19,7 @@ import pytest
 import torch
 from tiny_drafters import tiny_drafter_config
 
+import eagle3.train.argmax as argmax_module
 from eagle3.core.params import ParamsError, TrainParams, parse_params
 from eagle3.core.stageio import write_json
 from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
@@ -382,7 +383,12 @@ def test_resume_gives_bitwise_identical_weights(tmp_path):
 
 def _ddp_worker(out: Path, folder: Path) -> None:
     torch.set_num_threads(1)
-    result = train_drafter(tiny_params(), tiny_inputs(folder))
+    computed = []  # the samples whose argmax this rank multiplied out itself
+    one_sample = argmax_module._argmax
+    argmax_module._argmax = lambda store, s, head: computed.append(s) or one_sample(store, s, head)
+    inputs = TrainInputs(**{**tiny_inputs(folder).__dict__, "features_sha256": "f"})
+    result = train_drafter(tiny_params(), inputs)
+    write_json(Path(f"{out}.rank{os.environ['RANK']}.json"), computed)
     if result is not None:
         torch.save({"curve": result.curve, "state": trainable_state(result.drafter)}, out)
 
@@ -392,6 +398,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     two = tmp_path / "two.pt"
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     for nproc, out in ((1, one), (2, two)):
+        env["EAGLE3_CACHE"] = str(tmp_path / f"cache{nproc}")
         cmd = [
             sys.executable,
             "-m",
@@ -410,6 +417,17 @@ def test_two_process_gloo_matches_one_process(tmp_path):
         assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4, abs=1e-5)
     for k in a["state"]:
         torch.testing.assert_close(a["state"][k], b["state"][k], rtol=1e-3, atol=1e-4)
+    # the two ranks split the target's argmax between them and each kept the other's half: the
+    # cache rank 0 wrote holds every sample, with the one-process run's values
+    alone = json.loads(Path(f"{one}.rank0.json").read_text())
+    halves = [json.loads(Path(f"{two}.rank{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(alone) == sorted(halves[0] + halves[1]) == list(range(24))
+    assert len(halves[0]) == len(halves[1]) == 12
+    (kept_one,) = (tmp_path / "cache1" / "target-argmax").iterdir()
+    (kept_two,) = (tmp_path / "cache2" / "target-argmax").iterdir()
+    by_one, by_two = torch.load(kept_one), torch.load(kept_two)
+    assert sorted(by_two) == sorted(by_one) == list(range(24))
+    assert all(torch.equal(by_one[s], by_two[s]) for s in by_one)
 
 
 # --- input checks -----------------------------------------------------------------------------------

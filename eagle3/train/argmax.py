@@ -7,7 +7,7 @@ whatever its learning rate, epochs or vocab.size. So it is kept in the machine c
 (eagle3.core.cache), keyed by the features' manifest, the head's bytes and the machine, and a
 later run or a resume reads it back. Each sample is multiplied alone, in fixed row blocks, so a
 value never depends on which samples were computed with it: a run from the cache and a run
-without one train the same bytes.
+without one train the same bytes, and under torchrun the ranks split the samples between them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import io
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from eagle3.core.cache import cache_root
@@ -65,10 +66,32 @@ def target_argmax(
     path = cache_file(features_sha256, head) if features_sha256 else None
     kept = _read(path) if path else {}
     missing = [s for s in samples if s not in kept]
-    for s in missing:
-        hidden = store.sample(s)["last_hidden"].to(head.device, head.dtype)
-        blocks = [(hidden[i : i + ROWS] @ head.T).argmax(-1) for i in range(0, len(hidden), ROWS)]
-        kept[s] = torch.cat(blocks).to("cpu", torch.int32)
-    if path and missing:
+    rank, world = _group()
+    # Under torchrun each rank reads and multiplies every world-th missing sample (at the
+    # anchors' scale the last_hidden rows are hundreds of GB), then all ranks exchange results.
+    mine = {s: _argmax(store, s, head) for s in missing[rank::world]}
+    kept.update(_exchange(mine, world))
+    if path and missing and rank == 0:
         _write(path, kept)
     return {s: kept[s] for s in samples}
+
+
+def _argmax(store: FeatureStore, s: int, head: Tensor) -> Tensor:
+    hidden = store.sample(s)["last_hidden"].to(head.device, head.dtype)
+    blocks = [(hidden[i : i + ROWS] @ head.T).argmax(-1) for i in range(0, len(hidden), ROWS)]
+    return torch.cat(blocks).to("cpu", torch.int32)
+
+
+def _group() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _exchange(mine: dict[int, Tensor], world: int) -> dict[int, Tensor]:
+    """Every rank's computed samples, on every rank."""
+    if world == 1:
+        return mine
+    gathered: list[dict[int, Tensor] | None] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return {s: ids for part in gathered for s, ids in part.items()}
