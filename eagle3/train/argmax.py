@@ -17,13 +17,13 @@ import io
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from eagle3.core.cache import cache_root
 from eagle3.core.device import machine
 from eagle3.core.stageio import write_bytes
 from eagle3.data.store import FeatureStore
+from eagle3.train.distributed import SINGLE_PROCESS, Dist, all_gather_dict
 
 # Bump when the way the argmax is computed changes: older cache files are then never read.
 VERSION = 1
@@ -58,20 +58,22 @@ def _write(path: Path, kept: dict[int, Tensor]) -> None:
 
 @torch.no_grad()
 def target_argmax(
-    store: FeatureStore, samples: list[int], head: Tensor, features_sha256: str | None = None
+    store: FeatureStore,
+    samples: list[int],
+    head: Tensor,
+    features_sha256: str | None = None,
+    d: Dist = SINGLE_PROCESS,
 ) -> dict[int, Tensor]:
     """{sample: int32 [T]} the target's argmax at each position, from its last_hidden rows and
     the full lm_head `head` [V, H]. With `features_sha256` (of the store's manifest) the values
-    are read from and added to the machine cache."""
+    are read from and added to the machine cache. Under torchrun (`d`) each rank reads and
+    multiplies every world-th missing sample (at the anchors' scale the last_hidden rows are
+    hundreds of GB) and the ranks exchange what they computed."""
     path = cache_file(features_sha256, head) if features_sha256 else None
     kept = _read(path) if path else {}
     missing = [s for s in samples if s not in kept]
-    rank, world = _group()
-    # Under torchrun each rank reads and multiplies every world-th missing sample (at the
-    # anchors' scale the last_hidden rows are hundreds of GB), then all ranks exchange results.
-    mine = {s: _argmax(store, s, head) for s in missing[rank::world]}
-    kept.update(_exchange(mine, world))
-    if path and missing and rank == 0:
+    kept.update(all_gather_dict({s: _argmax(store, s, head) for s in missing[d.rank :: d.world]}, d))
+    if path and missing and d.main:
         _write(path, kept)
     return {s: kept[s] for s in samples}
 
@@ -80,18 +82,3 @@ def _argmax(store: FeatureStore, s: int, head: Tensor) -> Tensor:
     hidden = store.sample(s)["last_hidden"].to(head.device, head.dtype)
     blocks = [(hidden[i : i + ROWS] @ head.T).argmax(-1) for i in range(0, len(hidden), ROWS)]
     return torch.cat(blocks).to("cpu", torch.int32)
-
-
-def _group() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _exchange(mine: dict[int, Tensor], world: int) -> dict[int, Tensor]:
-    """Every rank's computed samples, on every rank."""
-    if world == 1:
-        return mine
-    gathered: list[dict[int, Tensor] | None] = [None] * world
-    dist.all_gather_object(gathered, mine)
-    return {s: ids for part in gathered for s, ids in part.items()}

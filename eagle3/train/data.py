@@ -18,6 +18,7 @@ from torch import Tensor
 from eagle3.core.device import resolve_dtype
 from eagle3.data.store import FeatureStore
 from eagle3.train.argmax import target_argmax
+from eagle3.train.distributed import SINGLE_PROCESS, Dist
 
 POOL_BATCHES = 16  # batches per sorting pool: more = less padding, less randomness
 
@@ -125,7 +126,12 @@ class BatchSource:
 
 
 def target_in_draft(
-    store: FeatureStore, samples: list[int], lm_head: Tensor, t2d: Tensor, features_sha256: str | None = None
+    store: FeatureStore,
+    samples: list[int],
+    lm_head: Tensor,
+    t2d: Tensor,
+    features_sha256: str | None = None,
+    d: Dist = SINGLE_PROCESS,
 ) -> dict[int, Tensor]:
     """Per sample: is the target's full-vocabulary argmax inside the draft vocab?
 
@@ -135,5 +141,5 @@ def target_in_draft(
     if store.target_topk is not None:
         return {s: t2d[store.sample(s)["target_topk_ids"][:, 0].long()].clone() for s in samples}
     head = lm_head.to(resolve_dtype("auto")) if lm_head.device.type == "cpu" else lm_head
-    argmax = target_argmax(store, samples, head, features_sha256)
+    argmax = target_argmax(store, samples, head, features_sha256, d)
     return {s: t2d[ids.long()] for s, ids in argmax.items()}

@@ -28,6 +28,9 @@ class Dist:
         return self.rank == 0
 
 
+SINGLE_PROCESS = Dist()
+
+
 def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ
 
@@ -82,3 +85,12 @@ def all_reduce(x: Tensor, d: Dist) -> Tensor:
 def barrier(d: Dist) -> None:
     if d.world > 1:
         dist.barrier()
+
+
+def all_gather_dict(part: dict, d: Dist) -> dict:
+    """The union of every rank's `part` (disjoint keys), on every rank."""
+    if d.world == 1:
+        return part
+    parts: list[dict | None] = [None] * d.world
+    dist.all_gather_object(parts, part)
+    return {k: v for each in parts for k, v in each.items()}

@@ -120,7 +120,7 @@ class TrainRecipe:
         if heldout_only:
             train_ids = []
         samples, fp = train_ids + held_ids, self.inputs.features_sha256
-        in_draft = target_in_draft(store, samples, self.inputs.head, self.inputs.t2d, fp)
+        in_draft = target_in_draft(store, samples, self.inputs.head, self.inputs.t2d, fp, self.dist)
         self.train_src = BatchSource(store, train_ids, in_draft, p.seq_len)
         self.held_src = BatchSource(store, held_ids, in_draft, p.seq_len)
 
