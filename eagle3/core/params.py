@@ -92,6 +92,18 @@ class ExtractParams(Section):
     sglang_final_url: str | list[str] | None = None
     # Requests in flight over all servers of both kinds.
     sglang_requests_in_flight: int = Field(default=16, ge=1, le=1024)
+    # store = every token's features are extracted once and kept ((3H + H) x 2 bytes a token);
+    # online = only the tokens are kept and the train stage gets each batch's features from the
+    # target while it trains (in-process for hf, from extract.sglang_url for sglang), paying
+    # the target's forward again every epoch (eagle3/train/online.py).
+    features: Literal["store", "online"] = "store"
+    # online: training batches whose features are computed ahead of the drafter's step (the
+    # bounded prefetch queue: peak memory grows with it, not with the data).
+    prefetch_batches: int = Field(default=2, ge=1, le=64)
+    # online: every N-th training batch, one of its samples is computed again on its own (hf:
+    # the reference forward without capture hooks, sglang: another request) and must agree,
+    # else training stops naming the server; 0 = never.
+    recheck_every: int = Field(default=100, ge=0)
 
     @field_validator("aux_layers")
     @classmethod

@@ -146,9 +146,15 @@ def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int
     return samples
 
 
-# Where the servers are and how many requests fly does not change what is extracted, so a
-# resumed run may use other servers.
-TRANSPORT_KEYS = {"sglang_url", "sglang_final_url", "sglang_requests_in_flight"}
+# Where the servers are, how many requests fly and how far online training computes ahead do
+# not change what is extracted, so a resumed run may use other servers.
+TRANSPORT_KEYS = {
+    "sglang_url",
+    "sglang_final_url",
+    "sglang_requests_in_flight",
+    "prefetch_batches",
+    "recheck_every",
+}
 
 
 def config_hash(params: Params, fingerprint: dict) -> str:
