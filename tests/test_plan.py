@@ -13,7 +13,16 @@ from tiny_drafters import tiny_drafter_config
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from eagle3.cli.command import main as cli
-from eagle3.cli.plan import drafter_params, plan, read_target_config, target_flops_per_token
+from eagle3.cli.plan import (
+    IDS_MASK_BYTES,
+    SERVER_TOKENS_PER_S,
+    drafter_params,
+    plan,
+    read_target_config,
+    target_flops_per_token,
+    target_weight_count,
+)
+from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, ParamsError, TrainParams, parse_params
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.train.prepare import drafter_config
@@ -180,3 +189,112 @@ def test_plan_of_a_warm_start_takes_the_drafters_shape_and_vocabulary(tmp_path):
     assert "the train.init drafter's" in result["notes"][0]
     with pytest.raises(ValueError, match="train.init: .*nowhere"):
         plan(parse_params({"train": {"init": str(tmp_path / "nowhere")}}), target)
+
+
+def _kimi_features(tokens: int = 17_300_000, rate: float | None = None, **sections) -> dict:
+    """The plan's "features" key for Kimi-K2.5 (the reported run: 5 epochs, a global batch of 8 on
+    8 devices), with params overridden per section."""
+    raw = {"data": {"num_samples": 10000}, "train": {"epochs": 5, "batch_size": 8}}
+    for section, values in sections.items():
+        raw[section] = raw.get(section, {}) | values
+    kw = {} if rate is None else {"server_tokens_per_s": rate}
+    return plan(parse_params(raw), read_target_config(str(KIMI)), tokens=tokens, world=8, **kw)["features"]
+
+
+def test_features_store_against_online_disk_and_forwards():
+    tokens = 17_300_000
+    f = _kimi_features(tokens)
+    store, online = f["modes"]["store"], f["modes"]["online"]
+    assert list(f["modes"]) == ["store", "online"]  # both, whatever extract.features says
+    # store: every token's (3H + H) x 2 bytes plus ids and mask, the 924 GiB reported
+    assert store["disk_bytes_per_token"] == 4 * 7168 * 2 + IDS_MASK_BYTES
+    assert close(store["disk_bytes"] / 2**30, 924.0)
+    # online keeps the tokens only: ids + mask, no feature byte
+    assert online["disk_bytes_per_token"] == IDS_MASK_BYTES == 10
+    assert online["disk_bytes"] == tokens * IDS_MASK_BYTES
+    # the target runs over every token once (extraction) against once per epoch
+    assert (store["target_passes"], online["target_passes"]) == (1, 5)
+    per_token = target_flops_per_token(read_target_config(str(KIMI)))["total"]
+    assert store["target_flops"] == tokens * per_token
+    assert online["target_flops"] == 5 * store["target_flops"]
+    assert _kimi_features(tokens, train={"epochs": 2})["modes"]["online"]["target_flops"] == (
+        2 * store["target_flops"]
+    )
+
+
+def test_features_server_hours_follow_the_throughput():
+    f = _kimi_features(17_300_000)
+    assert f["server_tokens_per_s"] == SERVER_TOKENS_PER_S
+    assert f["modes"]["store"]["server_hours"] == 17_300_000 / SERVER_TOKENS_PER_S / 3600
+    slow = _kimi_features(17_300_000, rate=2_500)["modes"]
+    assert slow["store"]["server_hours"] == 17_300_000 / 2_500 / 3600  # 1.92 h
+    assert slow["online"]["server_hours"] == 5 * slow["store"]["server_hours"]
+    assert close(slow["online"]["server_hours"], 4 * f["modes"]["online"]["server_hours"])
+    with pytest.raises(InputError, match="server tokens/s must be above 0"):
+        _kimi_features(rate=0)
+
+
+def test_features_mark_the_configured_mode():
+    def marked(f: dict) -> list[str]:
+        return [name for name, m in f["modes"].items() if m["configured"]]
+
+    assert marked(_kimi_features()) == ["store"] and _kimi_features()["configured"] == "store"
+    online = _kimi_features(extract={"features": "online"})
+    assert marked(online) == ["online"] and online["configured"] == "online"
+
+
+def test_prefetch_memory_scales_with_the_queue_not_the_data():
+    f = _kimi_features(17_300_000)
+    queue = f["modes"]["online"]["in_flight_bytes_per_process"]
+    # 2 batches x 1 row (a global batch of 8 over 8 devices) x 512 tokens x (3H + H) x 2 bytes
+    assert queue == 2 * 1 * 512 * 4 * 7168 * 2
+    assert f["modes"]["store"]["in_flight_bytes_per_process"] == 0  # memory-mapped reads
+    assert _kimi_features(50 * 17_300_000)["modes"]["online"]["in_flight_bytes_per_process"] == queue
+    deeper = _kimi_features(17_300_000, extract={"prefetch_batches": 6})["modes"]["online"]
+    assert deeper["in_flight_bytes_per_process"] == 3 * queue
+    longer = _kimi_features(17_300_000, train={"epochs": 5, "batch_size": 8, "seq_len": 2048})
+    assert longer["modes"]["online"]["in_flight_bytes_per_process"] == 4 * queue
+
+
+def test_online_target_weights_are_in_the_trainer_for_hf_only():
+    target = read_target_config(str(KIMI))
+    hf = _kimi_features()["modes"]
+    assert hf["online"]["target_weights_bytes_in_trainer"] == 2 * target_weight_count(target)  # bf16
+    assert hf["store"]["target_weights_bytes_in_trainer"] == 0
+    assert 1.0e12 < target_weight_count(target) < 1.1e12  # Kimi-K2: ~1.04T parameters (public figure)
+    sglang = _kimi_features(extract={"backend": "sglang", "sglang_url": "http://node-a:30000"})
+    assert sglang["modes"]["online"]["target_weights_bytes_in_trainer"] == 0  # the servers hold it
+    # an sglang top-N store: the queue holds what the store would (aux rows + N x (id + logprob))
+    assert sglang["modes"]["online"]["in_flight_bytes_per_process"] == 2 * 512 * (3 * 7168 * 2 + 20 * 8)
+
+
+def test_target_weight_count_is_the_real_models():
+    llama = LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    # two of four routed experts active: the weights held are more than those one token multiplies
+    mla = DeepseekV3Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
+        num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    for config, model_class in ((llama, LlamaForCausalLM), (mla, DeepseekV3ForCausalLM)):
+        model = model_class(config)
+        weights = sum(p.numel() for p in model.parameters() if p.dim() >= 2)  # a tied one counted once
+        assert target_weight_count(config.to_dict()) == weights
+    assert target_weight_count(mla.to_dict()) > target_flops_per_token(mla.to_dict())["total"] / 2
+
+
+def test_plan_command_prints_both_feature_modes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal's width
+    args = ["plan", "--target", str(KIMI), "--tokens", "17300000", "--world", "8"]
+    assert cli(args + ["-S", "extract.features=online"]) == 0
+    out = capsys.readouterr().out
+    assert "Features: store against online" in out and "online *" in out and "store *" not in out
+    assert "server-hours at 10,000 tok/s" in out and "assume 10,000 tokens/s per target server" in out
+    assert cli(args + ["--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["features"]["modes"]["online"]["disk_bytes"] == 17_300_000 * 10

@@ -14,13 +14,21 @@ replicates everything on each device (the FSDP line shards weights, grads and mo
 activations use the coefficients of `eagle3.train.prepare.estimate_peak_gib`. FLOPs count
 matmuls only (2 per multiply-add), forward, attention over the context left out (it grows with
 the context for the target and the drafter alike).
+
+Features, store against online (`extract.features`): both are planned whatever is configured.
+What each keeps on disk, how often the target runs over every token (store: once, at
+extraction; online: once per epoch), those forwards in FLOPs and in server-hours at an assumed
+throughput (`SERVER_TOKENS_PER_S`, an input: nothing here measured a GPU server), and what each
+adds to a training process's memory (online: the prefetch queue, and the target itself for the
+in-process hf backend).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -45,6 +53,36 @@ REPORTED_KIMI_DRAFTER = {
 REPORTED = "64 heads, 64 KV heads, head_dim 128, MLP 18,432"
 KIMI_TARGET = {"hidden_size": 7168, "vocab_size": 163840}
 IDS_MASK_BYTES = (4 + 1) * 2  # input_ids int32 + loss_mask uint8, in the shards and the token file
+# Tokens per second one target server (Kimi-K2.5 on 8 x H200 under SGLang, say) runs forwards
+# over, for the server-hours of extraction and of online training. An assumption, not a
+# measurement (no GPU server has been run for this project: docs/sglang.md): 63.4 GFLOP a token
+# at 10,000 tokens/s is 8% of eight H200s' dense bf16 peak, and about a fifth of the best
+# published prefill rate for DeepSeek-V3 (LMSYS, 2025-05-05: 52.3K input tokens/s per 8 x H100
+# node, prefill-decode disaggregated, expert parallel over 4 nodes, no hidden states returned).
+# Measure your own servers and pass that (plan()'s server_tokens_per_s; docs/features.md).
+SERVER_TOKENS_PER_S = 10_000.0
+
+
+@dataclass(frozen=True)
+class FeatureMode:
+    """One way the drafter gets the target's features (a value of extract.features): the bytes it
+    keeps on disk per token, given the feature bytes per token of the selected store format, and
+    how many forwards of the target over every token a run of `epochs` epochs pays."""
+
+    name: str
+    disk_bytes_per_token: Callable[[int], int]
+    target_passes: Callable[[int], int]
+    # features computed while training: a bounded queue of batches in flight per process, and a
+    # target that runs beside the trainer (in-process for hf)
+    computed_while_training: bool
+
+
+# The storage column of the plan: one entry per way of keeping features. A store of another
+# layout (fp8 rows with a per-token scale, say) is one more entry here.
+FEATURE_MODES = (
+    FeatureMode("store", lambda features: features + IDS_MASK_BYTES, lambda epochs: 1, False),
+    FeatureMode("online", lambda features: IDS_MASK_BYTES, lambda epochs: epochs, True),
+)
 
 
 def read_target_config(source: str) -> dict[str, Any]:
@@ -79,6 +117,20 @@ def target_flops_per_token(c: dict[str, Any]) -> dict[str, float]:
     """Forward matmul FLOPs per token of the target: attention projections (MLA's low-rank ones
     for DeepSeek-V3-like configs), MLPs (a MoE layer counts its active and shared experts and the
     router), the lm_head."""
+    out = {part: 2.0 * n for part, n in _matmul_weights(c, all_experts=False).items()}
+    return out | {"total": sum(out.values())}
+
+
+def target_weight_count(c: dict[str, Any]) -> int:
+    """Weights of the whole target: every matmul with all routed experts, and the embedding
+    (once when tied to the lm_head); norms and biases left out (under 0.01% at Kimi's shape)."""
+    matmul = sum(_matmul_weights(c, all_experts=True).values())
+    return matmul + (0 if c.get("tie_word_embeddings") else c["hidden_size"] * c["vocab_size"])
+
+
+def _matmul_weights(c: dict[str, Any], all_experts: bool) -> dict[str, int]:
+    """Matmul weights of the target by part: those one token multiplies (all_experts False: the
+    active and shared experts of a MoE layer) or all of them (the weights to hold)."""
     h, layers, heads, v = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["vocab_size"]
     if c.get("kv_lora_rank"):  # MLA (DeepSeek-V2/V3, Kimi-K2)
         qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
@@ -101,12 +153,11 @@ def target_flops_per_token(c: dict[str, Any]) -> dict[str, float]:
         )
         if moe:
             width = c.get("moe_intermediate_size") or c["intermediate_size"]
-            active = c["num_experts_per_tok"] + (c.get("n_shared_experts") or 0)
-            mlp += active * 3 * h * width + h * experts
+            routed = experts if all_experts else c["num_experts_per_tok"]
+            mlp += (routed + (c.get("n_shared_experts") or 0)) * 3 * h * width + h * experts
         else:
             mlp += dense_mlp
-    out = {"attention": 2.0 * attention * layers, "mlp": 2.0 * mlp, "lm_head": 2.0 * h * v}
-    return out | {"total": sum(out.values())}
+    return {"attention": attention * layers, "mlp": mlp, "lm_head": h * v}
 
 
 def drafter_params(cfg: DrafterConfig, p: Any) -> dict[str, int]:
@@ -198,8 +249,75 @@ def training_memory(
     return out
 
 
-def plan(params: Params, target: dict[str, Any], tokens: int | None = None, world: int | None = None) -> dict:
-    """Everything `eagle3 plan` prints, as plain data (the --json output)."""
+def feature_modes(
+    params: Params,
+    target: dict[str, Any],
+    feature_bytes: int,
+    tokens: int,
+    world: int,
+    server_tokens_per_s: float = SERVER_TOKENS_PER_S,
+) -> dict[str, Any]:
+    """Every FEATURE_MODES entry side by side for a run over `tokens` tokens: disk, the target's
+    forwards (count, FLOPs, server-hours at `server_tokens_per_s`) and the memory each adds to a
+    training process. `feature_bytes` is what one token's features take in the selected store
+    format (aux rows and last_hidden or top-N, no ids or mask)."""
+    if server_tokens_per_s <= 0:
+        raise InputError(f"plan: server tokens/s must be above 0 (got {server_tokens_per_s})")
+    ex, tr = params.extract, params.train
+    flops_per_token = target_flops_per_token(target)["total"]
+    # each process prefetches its own rows of the global batch (train.batch_size / devices), as
+    # stored (bf16; a float32 train.dtype holds them in float32), beyond the batch being trained
+    rows = math.ceil(tr.batch_size / world)
+    queue = ex.prefetch_batches * rows * tr.seq_len * feature_bytes
+    dtype_bytes = {"float32": 4, "float64": 8}.get(params.target.dtype, 2)  # auto: bf16 on a GPU
+    in_process = ex.backend == "hf"  # sglang: the servers hold the target, not the trainer
+    modes = {}
+    for mode in FEATURE_MODES:
+        per_token = mode.disk_bytes_per_token(feature_bytes)
+        passes = mode.target_passes(tr.epochs)
+        live = mode.computed_while_training
+        modes[mode.name] = {
+            "configured": mode.name == ex.features,
+            "computed_while_training": live,
+            "disk_bytes_per_token": per_token,
+            "disk_bytes": per_token * tokens,
+            "target_passes": passes,
+            "target_flops": passes * tokens * flops_per_token,
+            "server_hours": passes * tokens / server_tokens_per_s / 3600,
+            # store: shards are memory-mapped, so the page cache holds what fits and nothing
+            # waits in a queue beyond the batch being trained (its activations are counted)
+            "in_flight_bytes_per_process": queue if live else 0,
+            "target_weights_bytes_in_trainer": (
+                target_weight_count(target) * dtype_bytes if live and in_process else 0
+            ),
+        }
+    return {
+        "configured": ex.features,
+        "backend": ex.backend,
+        "tokens": tokens,
+        "epochs": tr.epochs,
+        "feature_bytes_per_token": feature_bytes,
+        "server_tokens_per_s": server_tokens_per_s,
+        "target_flops_per_token": flops_per_token,
+        "prefetch": {
+            "batches": ex.prefetch_batches,
+            "rows_per_process": rows,
+            "seq_len": tr.seq_len,
+            "world_size": world,
+        },
+        "modes": modes,
+    }
+
+
+def plan(
+    params: Params,
+    target: dict[str, Any],
+    tokens: int | None = None,
+    world: int | None = None,
+    server_tokens_per_s: float = SERVER_TOKENS_PER_S,
+) -> dict:
+    """Everything `eagle3 plan` prints, as plain data (the --json output). `server_tokens_per_s`
+    is the assumed throughput of one target server for the features' server-hours."""
     world = world or params.train.num_processes
     layers = target["num_hidden_layers"]
     aux = resolve_aux_layers(params, layers)
@@ -272,6 +390,14 @@ def plan(params: Params, target: dict[str, Any], tokens: int | None = None, worl
             "total_gib": {kind: token_count * n / GIB for kind, n in per_token.items()},
             "selected": store_format(params.extract),
         },
+        "features": feature_modes(
+            params,
+            target,
+            per_token[store_format(params.extract)] - IDS_MASK_BYTES,
+            token_count,
+            world,
+            server_tokens_per_s,
+        ),
         "training": training_steps(params)
         | {"world_size": world, "memory_gib_per_device": training_memory(cfg, counts, params, world)},
         "flops": flops_draft
@@ -289,6 +415,7 @@ def plan(params: Params, target: dict[str, Any], tokens: int | None = None, worl
             "DDP replicates weights, grads and optimizer on every device; FSDP shards those three",
             "tokens: " + ("--tokens" if tokens else "data.num_samples x data.max_length (an upper bound)"),
             "FLOPs: forward matmuls, 2 per multiply-add; attention over the context left out",
+            f"target server throughput {server_tokens_per_s:,.0f} tokens/s (an assumption: measure yours)",
         ],
     }
 
@@ -299,6 +426,85 @@ def _m(n: float) -> str:
 
 def _g(n: float) -> str:
     return f"{n:,.1f} GiB"
+
+
+def _b(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _flop(n: float) -> str:
+    for unit, size in (("ZFLOP", 1e21), ("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12)):
+        if n >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n / 1e9:,.2f} GFLOP"
+
+
+def print_features(f: dict, console: Any) -> None:
+    """Store against online side by side (every FEATURE_MODES entry), the configured one marked."""
+    from rich.table import Table  # noqa: PLC0415
+
+    modes, q = f["modes"], f["prefetch"]
+    rate = f"{f['server_tokens_per_s']:,.0f} tokens/s"
+    short = f"{f['server_tokens_per_s']:,.0f} tok/s"
+    table = Table(
+        title=f"Features: store against online ({f['tokens']:,} tokens, {f['epochs']} epochs; "
+        "* = extract.features)",
+        title_justify="left",
+    )
+    table.add_column("")
+    for name, m in modes.items():
+        table.add_column(name + (" *" if m["configured"] else ""), justify="right")
+
+    def target(m: dict) -> str:
+        if not m["computed_while_training"]:
+            return "at extraction only"
+        if f["backend"] == "hf":
+            return f"{_b(m['target_weights_bytes_in_trainer'])} beside the trainer"
+        return "on the SGLang servers"
+
+    rows: list[tuple[str, Callable[[dict], str]]] = [
+        ("disk: bytes/token", lambda m: f"{m['disk_bytes_per_token']:,}"),
+        ("disk: all tokens", lambda m: _b(m["disk_bytes"])),
+        (
+            "target passes over the tokens",
+            lambda m: (
+                f"{m['target_passes']} ("
+                + ("one per epoch" if m["computed_while_training"] else "extraction")
+                + ")"
+            ),
+        ),
+        ("target FLOPs", lambda m: _flop(m["target_flops"])),
+        (f"server-hours at {short}", lambda m: f"{m['server_hours']:,.1f}"),
+        (
+            "in flight per process",
+            lambda m: (
+                f"{_b(m['in_flight_bytes_per_process'])} ({q['batches']} x {q['rows_per_process']} x "
+                f"{q['seq_len']} tokens)"
+                if m["computed_while_training"]
+                else "0 (memory-mapped reads)"
+            ),
+        ),
+        ("target weights", target),
+    ]
+    for label, cell in rows:
+        table.add_row(label, *(cell(m) for m in modes.values()))
+    console.print(table)
+    console.print(
+        f"[yellow]note:[/] server-hours assume {rate} per target server (an assumption, not a "
+        "measurement: docs/features.md)",
+        highlight=False,
+    )
+    weights = max(m["target_weights_bytes_in_trainer"] for m in modes.values())
+    if weights:
+        console.print(
+            f"[yellow]note:[/] online with extract.backend hf runs the target in-process: its "
+            f"{_b(weights)} of weights must fit beside the trainer (extract.backend sglang keeps it "
+            "on the servers)",
+            highlight=False,
+        )
 
 
 def print_plan(result: dict, console: Any) -> None:
@@ -360,6 +566,7 @@ def print_plan(result: dict, console: Any) -> None:
         mark = " *" if kind == s["selected"] else ""
         store.add_row(kind + mark, f"{per:,}", _g(s["total_gib"][kind]))
     console.print(store)
+    print_features(result["features"], console)
     mem = tr["memory_gib_per_device"]
     train = Table(title=f"Training ({tr['world_size']} device(s))", title_justify="left")
     train.add_column("")
