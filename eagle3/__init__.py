@@ -1,15 +1,35 @@
 """eagle3: trains EAGLE-3 drafters for a target LLM and measures what they buy.
 
-The folder list is the map, foundations first (stages/ calls into it; cli/ only reads results):
+The folder list is the map, foundations first: each entry imports only entries above it (and
+itself), never one below; tests/test_layers.py checks this against LAYERS. stages/ calls into it.
     core/               params schema, deterministic stage outputs, input errors, packaged files,
-                        the machine and its dtypes, MLflow glue; imports nothing else of eagle3
+                        the machine and its dtypes, the layer-id convention every engine shares
+                        (layer_ids.py), MLflow glue; imports nothing else of eagle3
     verifier/           the target model: load it, render text as it reads it, capture, patch-check
-    sglang/             everything SGLang (its layer_ids.py is the one piece verifier/ and drafter/ read)
     data/               conversations, the feature store, the extraction loop
     vocab.py            the draft vocabulary (d2t/t2d) and its coverage
     drafter/            the EAGLE-3 draft model, its export and warm start
     train/              the TTT unroll, the loop, simulated acceptance
     decoding/           speculative decoding and its evaluation
     dtype_decisions.py  what each `auto` dtype resolves to here (the dtypes stage)
+    sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and
+                        evaluation on SGLang servers, built on verifier/, data/, drafter/, decoding/
     cli/                the `eagle3` command and reports; no stage imports it
 """
+
+from __future__ import annotations
+
+# The map above as data, lowest first: a module of eagle3/ may import from its own entry or one
+# listed before it. Read by tests/test_layers.py; nothing at run time reads it.
+LAYERS = (
+    "core",
+    "verifier",
+    "data",
+    "vocab",
+    "drafter",
+    "train",
+    "decoding",
+    "dtype_decisions",
+    "sglang",
+    "cli",
+)

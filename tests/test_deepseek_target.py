@@ -29,11 +29,11 @@ from transformers import AutoConfig, DeepseekV3Config, LlamaConfig
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE, DeepseekV3RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle3.core.layer_ids import layer_id_rule, serving_rule
 from eagle3.core.params import TargetParams, default_aux_layers
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter
 from eagle3.drafter.warm_start import read_init_drafter
-from eagle3.sglang.layer_ids import layer_id_rule, serving_rule
 from eagle3.sglang.server_args import check_server_args
 from eagle3.verifier.capture import Captured
 from eagle3.verifier.load import load_target, load_target_config

@@ -20,6 +20,7 @@ import yaml
 from project_copy import copy_code
 from safetensors.torch import load_file
 
+from eagle3.core.layer_ids import layer_id_rule
 from eagle3.core.params import ParamsError, parse_params
 from eagle3.data.extract import Backend, extract_features, run_extraction
 from eagle3.data.store import FEATURE_KEYS, MANIFEST, TOPK_KEYS, FeatureStore
@@ -38,7 +39,6 @@ from eagle3.sglang.check import (
 )
 from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.extract import sglang_group_fn
-from eagle3.sglang.layer_ids import layer_id_rule
 from eagle3.sglang.patch_check import check_inputs
 from eagle3.sglang.rows import PartialPrefillError, parse_rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args

@@ -30,13 +30,13 @@ import yaml
 from conftest import SHAREGPT_SAMPLE
 from project_copy import copy_code
 
+from eagle3.core.layer_ids import layer_id_rule
 from eagle3.core.params import parse_params
 from eagle3.data.extract import extract_features, select_conversations
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.sglang.check import MIN_ROW_COSINE, hf_reference, logprob_agreement
 from eagle3.sglang.client import ServerPool
 from eagle3.sglang.launch import stop_group
-from eagle3.sglang.layer_ids import layer_id_rule
 from eagle3.sglang.rows import prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args
 from eagle3.verifier.load import resolve_target

@@ -20,7 +20,7 @@ head with the target's rope parameters, as SGLang's LlamaForCausalLMEagle3 does 
 
 Aux layer ids: `aux_layer_ids` are this project's (id L = the output of decoder layer L); the
 export writes them in the form SGLang reads for the target's family (`layer_id_family`, see
-eagle3/sglang/layer_ids.py: DeepSeek/Kimi targets differ) and records that family in
+eagle3/core/layer_ids.py: DeepSeek/Kimi targets differ) and records that family in
 eagle_config, so reading the file back restores the same ids.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from eagle3.sglang.layer_ids import LAYER_ID_RULES, serving_rule
+from eagle3.core.layer_ids import LAYER_ID_RULES, serving_rule
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

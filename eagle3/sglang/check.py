@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from eagle3.core.layer_ids import LayerIdRule
 from eagle3.sglang.client import ServerPool
-from eagle3.sglang.layer_ids import LayerIdRule
 from eagle3.sglang.rows import generate_body, prefill_body, request_rows
 from eagle3.sglang.server_args import check_pool_args
 from eagle3.verifier.patch_check import PatchCheckError

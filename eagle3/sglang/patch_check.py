@@ -4,6 +4,7 @@ rows on a few conversations against the HF float32 reference of the same target.
 
 from __future__ import annotations
 
+from eagle3.core.layer_ids import layer_id_rule
 from eagle3.core.params import Params, check_against_target
 from eagle3.sglang.check import (
     CHECK_CONVERSATIONS,
@@ -12,7 +13,6 @@ from eagle3.sglang.check import (
     run_sglang_patch_check,
     sglang_fingerprint,
 )
-from eagle3.sglang.layer_ids import layer_id_rule
 from eagle3.sglang.servers import ExtractionServers
 from eagle3.verifier.load import has_chat_template, load_target, load_target_config
 from eagle3.verifier.patch_check import fingerprint

@@ -4,7 +4,7 @@ args that change what comes back, recorded in the fingerprint."""
 
 from __future__ import annotations
 
-from eagle3.sglang.layer_ids import LayerIdRule
+from eagle3.core.layer_ids import LayerIdRule
 
 # Versions whose response layout was recorded (tests/fixtures/sglang).
 SUPPORTED_VERSIONS = ("0.5.23",)

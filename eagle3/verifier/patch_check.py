@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from eagle3.core.layer_ids import LAYER_ID_RULES, serving_rule
 from eagle3.core.stageio import sha256_files
-from eagle3.sglang.layer_ids import LAYER_ID_RULES, serving_rule
 from eagle3.verifier.capture import capture_hidden_states
 from eagle3.verifier.load import Target
 

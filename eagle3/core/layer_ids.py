@@ -1,5 +1,7 @@
 """How SGLang reads aux layer ids, per architecture: the rule every export, patch-check and
-server check of this project writes and reads ids by.
+server check of this project writes and reads ids by. It lives in core/ because the HF path
+(verifier/patch_check.py), the drafter's export (drafter/config.py) and the SGLang adapter (sglang/)
+all read it, and core/ is below all three.
 
 Layer ids mean the same everywhere in this project: id L = the output of decoder layer L
 (0-indexed) = HF `hidden_states[L + 1]`. How SGLang gets there differs by model family (read
@@ -98,7 +100,7 @@ def layer_id_rule(architecture: str) -> LayerIdRule:
     known = ", ".join(a for rule in LAYER_ID_RULES for a in rule.architectures)
     raise ValueError(
         f"target architecture {architecture} has no SGLang layer-id rule encoded in "
-        f"eagle3/sglang/layer_ids.py (known: {known})"
+        f"eagle3/core/layer_ids.py (known: {known})"
     )
 
 
