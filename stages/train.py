@@ -16,6 +16,7 @@ from eagle3.core.tracking import pipeline_run
 from eagle3.drafter.export import export_drafter
 from eagle3.train.distributed import is_main_process, launched_by_torchrun, relaunch_under_torchrun
 from eagle3.train.loop import train_drafter
+from eagle3.train.online import OnlineSource, hf_features, online_source
 from eagle3.train.prepare import TrainInputs, prepare_inputs
 from eagle3.train.report import RunLogger, stage_metrics, summary_line, write_plots
 from stages.common import console, reported_failures, validated_params
@@ -28,9 +29,19 @@ OUT = Path("artifacts/train/drafter")
 CHECKPOINTS = Path("artifacts/train/checkpoints")
 
 
-def prepare(params: Params) -> TrainInputs:
-    """This stage's inputs, read and cross-checked (fails before any expensive work)."""
-    return prepare_inputs(params, FEATURES, MAPPING_DIR, REPORT)
+def prepare(params: Params) -> tuple[TrainInputs, OnlineSource | None]:
+    """This stage's inputs, read and cross-checked (fails before any expensive work), and for an
+    online store its feature source: the in-process target, or SGLang servers."""
+    inputs = prepare_inputs(params, FEATURES, MAPPING_DIR, REPORT)
+    if not inputs.store.online:
+        return inputs, None
+    if params.extract.backend == "sglang":
+        from eagle3.sglang.online import sglang_features  # the hf path needs no HTTP client
+
+        compute, recheck, topk = sglang_features(params, inputs.store)
+    else:
+        (compute, recheck), topk = hf_features(params, inputs.store), None
+    return inputs, online_source(inputs, compute, recheck, params.extract.prefetch_batches, topk)
 
 
 def main() -> None:
@@ -40,13 +51,15 @@ def main() -> None:
         sys.exit(relaunch_under_torchrun(p.num_processes, "stages.train"))
     with reported_failures("train"):
         pinned_params = pinned(params, "train")  # computes in the dtype the dtypes stage recorded
-        inputs, p = prepare(pinned_params), pinned_params.train
+        (inputs, online), p = prepare(pinned_params), pinned_params.train
         if not is_main_process():
-            train_drafter(p, inputs, CHECKPOINTS)
+            train_drafter(p, inputs, CHECKPOINTS, online=online)
             return
         with pipeline_run(params, "train") as run:
             log = RunLogger(run)
-            outcome = train_drafter(p, inputs, CHECKPOINTS, on_step=log.on_step, on_epoch=log.on_epoch)
+            outcome = train_drafter(
+                p, inputs, CHECKPOINTS, on_step=log.on_step, on_epoch=log.on_epoch, online=online
+            )
             export_drafter(outcome.drafter, OUT, ttt_length=p.ttt_length)
             metrics = stage_metrics(outcome)
             write_metrics("train", metrics)

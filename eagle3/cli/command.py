@@ -168,7 +168,8 @@ def plan_command(args: argparse.Namespace) -> int:
             raw.setdefault(section, {})[name] = yaml.safe_load(value)
         params = parse_params(raw, f"{args.params} + -S" if args.set_param else args.params)
         target = read_target_config(args.target or params.target.source)
-        result = plan(params, target, args.tokens, args.world)
+        throughput = {"server_tokens_per_s": args.server_tokens_per_s} if args.server_tokens_per_s else {}
+        result = plan(params, target, args.tokens, args.world, **throughput)
     except (ParamsError, InputError, ValueError) as err:
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         return 2
@@ -226,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     plan_cmd.add_argument("--target", help="packaged name, HF folder or config.json (default: target.source)")
     plan_cmd.add_argument("--tokens", type=int, help="tokens stored (default: data.num_samples x max_length)")
     plan_cmd.add_argument("--world", type=int, help="training devices (default: train.num_processes)")
+    plan_cmd.add_argument(
+        "--server-tokens-per-s",
+        type=float,
+        help="tokens/s one target server computes features for, for the server-hours of the "
+        "features (default 10,000: an assumption, measure yours)",
+    )
     plan_cmd.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
     dtypes_cmd = commands.add_parser(
         "dtypes", help="the dtype each job runs in here (auto: measured, kept per machine) and why"

@@ -3,6 +3,13 @@
 Work is cut into shards of `extract.shard_samples` samples, each processed in batches that
 never straddle a shard, so an interrupted run that resumes at a shard boundary computes
 exactly what an uninterrupted run would (byte-identical shards).
+
+A sample's features are a function of the sample alone: only samples of the same length share
+a forward (no padding), and a row's result does not depend on the rows beside it (measured on
+this project's CPUs in float32 and bf16, and checked by tests/test_online.py), whereas a padded
+row's does: the attention runs over another key length. So `capture_rows` gives the same bytes
+whichever samples it is handed together, which is what lets online training (extract.features:
+online, eagle3/train/online.py) compute them again, batch by batch, equal to the store's.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from safetensors import safe_open
@@ -105,12 +113,13 @@ def onpolicy_group(
 
 
 def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Indices grouped by length (little padding) so that rows x longest <= batch_tokens."""
+    """Indices grouped by equal length (no padding: a padded row's states depend on the width it
+    was padded to), at most batch_tokens tokens a forward (a longer sample goes alone)."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        if current and (len(current) + 1) * lengths[i] > batch_tokens:
+        if current and (lengths[current[0]] != lengths[i] or (len(current) + 1) * lengths[i] > batch_tokens):
             batches.append(current)
             current = []
         current.append(i)
@@ -121,28 +130,41 @@ def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 @torch.no_grad()
 def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int]) -> list[Sample]:
-    longest = max(len(r.input_ids) for r in rendered)
-    pad = target.tokenizer.pad_token_id or 0
-    ids = torch.full((len(rendered), longest), pad, dtype=torch.long)
-    attention = torch.zeros((len(rendered), longest), dtype=torch.long)
-    for row, r in enumerate(rendered):
-        ids[row, : len(r.input_ids)] = torch.from_numpy(r.input_ids)
-        attention[row, : len(r.input_ids)] = 1
+    """One captured forward over samples of one length (token_batches groups them so)."""
+    if len({len(r.input_ids) for r in rendered}) != 1:
+        raise ValueError("capture_batch takes samples of one length (padding would change their states)")
+    ids = torch.from_numpy(np.stack([r.input_ids for r in rendered])).long()
     with capture_hidden_states(target.decoder_layers, target.final_norm, aux_layers) as captured:
         # The base model only: the lm_head (V x H per token) is not needed here.
-        target.model.model(input_ids=ids, attention_mask=attention, use_cache=False)
+        target.model.model(input_ids=ids, use_cache=False)
     aux, last = captured.aux_hidden(), captured.last
-    samples = []
-    for row, r in enumerate(rendered):
-        n = len(r.input_ids)
-        samples.append(
-            Sample(
-                input_ids=torch.from_numpy(r.input_ids.copy()),
-                loss_mask=torch.from_numpy(r.loss_mask.copy()),
-                aux_hidden=aux[row, :n].to(torch.bfloat16).clone(),
-                last_hidden=last[row, :n].to(torch.bfloat16).clone(),
-            )
+    return [
+        Sample(
+            input_ids=torch.from_numpy(r.input_ids.copy()),
+            loss_mask=torch.from_numpy(r.loss_mask.copy()),
+            aux_hidden=aux[row].to(torch.bfloat16).clone(),
+            last_hidden=last[row].to(torch.bfloat16).clone(),
         )
+        for row, r in enumerate(rendered)
+    ]
+
+
+def capture_rows(
+    target: Target,
+    rendered: list[Rendered],
+    aux_layers: list[int],
+    batch_tokens: int,
+    advance: Callable[[int, int], None] | None = None,
+) -> list[Sample]:
+    """The features of each sample, in order, computed in equal-length forwards of at most
+    `batch_tokens` tokens: the same bytes for a sample whichever others come with it."""
+    samples: list[Sample | None] = [None] * len(rendered)
+    for batch in token_batches([len(r.input_ids) for r in rendered], batch_tokens):
+        captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
+        for i, sample in zip(batch, captured, strict=True):
+            samples[i] = sample
+        if advance:
+            advance(len(batch), sum(len(rendered[i].input_ids) for i in batch))
     return samples
 
 
@@ -202,16 +224,42 @@ def hf_group_fn(target: Target, params: Params, aux_layers: list[int]) -> GroupF
             samples = onpolicy_group(target, [s.messages for s in group], params, chat, aux_layers)
             advance(len(group), sum(len(s.input_ids) for s in samples))
             return samples
-        samples: list[Sample | None] = [None] * len(group)
         rendered = [s.rendered for s in group]
-        for batch in token_batches([len(r.input_ids) for r in rendered], params.extract.batch_tokens):
-            captured = capture_batch(target, [rendered[i] for i in batch], aux_layers)
-            for i, sample in zip(batch, captured, strict=True):
-                samples[i] = sample
-            advance(len(batch), sum(len(rendered[i].input_ids) for i in batch))
-        return samples
+        return capture_rows(target, rendered, aux_layers, params.extract.batch_tokens, advance)
 
     return compute
+
+
+@torch.no_grad()
+def reference_sample(target: Target, rendered: Rendered, aux_layers: list[int]) -> Sample:
+    """One sample's features from the plain forward's own output_hidden_states, no capture hooks
+    (what patch-check compares the capture with): online training's sampled re-check."""
+    ids = torch.from_numpy(rendered.input_ids).long()[None]
+    states = target.model.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+    return Sample(
+        input_ids=torch.from_numpy(rendered.input_ids.copy()),
+        loss_mask=torch.from_numpy(rendered.loss_mask.copy()),
+        aux_hidden=torch.cat([states[layer + 1][0] for layer in aux_layers], -1).to(torch.bfloat16),
+        last_hidden=states[-1][0].to(torch.bfloat16),
+    )
+
+
+def tokens_only(compute: GroupFn, params: Params) -> GroupFn:
+    """extract.features: online keeps the tokens alone. Rendered text needs no target at all;
+    self-distilled answers are generated (and their features dropped: training recomputes them
+    with a prefill forward, which rounds differently from the generation's own steps)."""
+
+    def online(group: list[Selected], advance: Callable[[int, int], None]) -> list[Sample]:
+        if params.data.regenerate:
+            return [s.tokens_only() for s in compute(group, advance)]
+        samples = [
+            Sample(torch.from_numpy(r.input_ids.copy()), torch.from_numpy(r.loss_mask.copy()))
+            for r in (s.rendered for s in group)
+        ]
+        advance(len(group), sum(len(s.input_ids) for s in samples))
+        return samples
+
+    return online
 
 
 def extract_features(
@@ -253,6 +301,8 @@ def run_extraction(
     done = resume_shards(out_dir, key)
     per_shard = params.extract.shard_samples
     groups = [selected[i : i + per_shard] for i in range(0, len(selected), per_shard)]
+    online = params.extract.features == "online"
+    compute = tokens_only(backend.compute, params) if online else backend.compute
     tokens_done, started = 0, time.perf_counter()
     with _progress() as progress:
         task = progress.add_task("extract", total=len(selected), tok_s=0.0)
@@ -268,7 +318,7 @@ def run_extraction(
                 continue
             if stop_after_shards is not None and index >= stop_after_shards:
                 return {"interrupted_after": index}
-            done[index] = write_shard(work, index, backend.compute(group, advance))
+            done[index] = write_shard(work, index, compute(group, advance))
             write_journal(work, key, [done[i] for i in sorted(done)])
     if stats is not None:
         stats.update(computed_tokens=tokens_done, computed_seconds=time.perf_counter() - started)
@@ -298,6 +348,8 @@ def run_extraction(
     }
     if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
         manifest |= {"target_topk": topk, "bytes_per_token": 3 * hidden_size * 2 + topk * 8 + 4 + 1}
+    if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
+        manifest |= {"features": "online", "bytes_per_token": 4 + 1}
     manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum
     shutil.rmtree(work)  # the journal, and any temporary file of a killed write
     return manifest

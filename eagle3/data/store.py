@@ -7,7 +7,9 @@ Layout of `artifacts/extract/`:
                            offsets[i]:offsets[i+1]); a top-N store (SGLang's top logprobs,
                            manifest `target_topk`: N) holds target_topk_ids int32 [N, n] and
                            target_topk_logprobs float32 [N, n] instead of last_hidden: row t
-                           is the target's top-n prediction of token t + 1, best first
+                           is the target's top-n prediction of token t + 1, best first; an
+                           online store (manifest `features`: "online") holds the tokens only
+                           (input_ids, loss_mask, offsets): training computes the features
   tokens.safetensors       input_ids, loss_mask and offsets of all samples, so vocab-map
                            never reads hidden states
   manifest.json            schema version, target fingerprint, aux layer ids, dtype, and per
@@ -49,6 +51,7 @@ JOURNAL = "journal.json"
 TOKENS = "tokens.safetensors"
 FEATURE_KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
 TOPK_KEYS = ("input_ids", "loss_mask", "aux_hidden", "target_topk_ids", "target_topk_logprobs")
+TOKEN_KEYS = ("input_ids", "loss_mask")  # an online store: features are computed while training
 SHARD_NAME = re.compile(r"shard-(\d{5})\.safetensors")
 RERUN = "re-run the extract stage (dvc repro extract): it recomputes only what is damaged"
 
@@ -68,20 +71,26 @@ class Sample:
 
     input_ids: torch.Tensor  # int32 [T]
     loss_mask: torch.Tensor  # uint8 [T]
-    aux_hidden: torch.Tensor  # bf16 [T, 3H]
+    aux_hidden: torch.Tensor | None = None  # bf16 [T, 3H]; None: tokens only (an online store)
     last_hidden: torch.Tensor | None = None  # bf16 [T, H]
     target_topk_ids: torch.Tensor | None = None  # int32 [T, N]: top-N prediction of token t + 1
     target_topk_logprobs: torch.Tensor | None = None  # float32 [T, N], best first
 
     @property
     def keys(self) -> tuple[str, ...]:
+        if self.aux_hidden is None:
+            return TOKEN_KEYS
         return FEATURE_KEYS if self.last_hidden is not None else TOPK_KEYS
+
+    def tokens_only(self) -> Sample:
+        """The sample as an online store keeps it: its tokens, no features."""
+        return Sample(self.input_ids, self.loss_mask)
 
 
 def pack(samples: list[Sample]) -> dict[str, torch.Tensor]:
     keys = samples[0].keys
     if any(s.keys != keys for s in samples):
-        raise ValueError("a shard mixes samples with last_hidden and samples with top-N targets")
+        raise ValueError("a shard mixes samples of different kinds (last_hidden, top-N, tokens only)")
     lengths = torch.tensor([0] + [len(s.input_ids) for s in samples], dtype=torch.int64)
     packed = {key: torch.cat([getattr(s, key) for s in samples]).contiguous() for key in keys}
     packed["offsets"] = torch.cumsum(lengths, 0)
@@ -238,7 +247,7 @@ class FeatureStore:
             isinstance(e, dict) and {"file", "samples", "sha256"} <= e.keys() for e in self.shards
         ):
             raise CorruptStoreError(f"{path}: 'shards' is not a list of file/samples/sha256 entries; {RERUN}")
-        self.keys = TOPK_KEYS if self.target_topk else FEATURE_KEYS
+        self.keys = TOKEN_KEYS if self.online else TOPK_KEYS if self.target_topk else FEATURE_KEYS
         self._starts = [0]
         for shard in self.shards:
             self._starts.append(self._starts[-1] + shard["samples"])
@@ -254,6 +263,11 @@ class FeatureStore:
     @property
     def aux_layers(self) -> list[int]:
         return self.manifest["aux_layers"]
+
+    @property
+    def online(self) -> bool:
+        """True for a store of tokens only (extract.features: online): training computes the features."""
+        return self.manifest.get("features") == "online"
 
     @property
     def target_topk(self) -> int | None:

@@ -20,6 +20,19 @@ class SGLangError(RuntimeError):
     """A server could not be reached or answered something unusable; the message names the server."""
 
 
+class ServerUnavailable(SGLangError):
+    """The server at `url` is down, restarting or overloaded (no answer, or HTTP 5xx): worth
+    waiting for, unlike an answer that is wrong."""
+
+    def __init__(self, message: str, url: str):
+        super().__init__(message)
+        self.url = url
+
+
+def _server_of(endpoint: str) -> str:
+    return endpoint.rsplit("/", 1)[0]
+
+
 def _call(url: str, body: dict | None, timeout: float, expect_json: bool = True) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
@@ -30,9 +43,12 @@ def _call(url: str, body: dict | None, timeout: float, expect_json: bool = True)
             raw = response.read()
     except urllib.error.HTTPError as err:
         detail = err.read()[:300].decode(errors="replace")
-        raise SGLangError(f"{url} answered HTTP {err.code}: {detail}") from None
+        kind = ServerUnavailable if err.code >= 500 else SGLangError
+        args = (_server_of(url),) if kind is ServerUnavailable else ()
+        raise kind(f"{url} answered HTTP {err.code}: {detail}", *args) from None
     except (urllib.error.URLError, OSError) as err:
-        raise SGLangError(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
+        reason = getattr(err, "reason", err)
+        raise ServerUnavailable(f"cannot reach {url}: {reason}", _server_of(url)) from None
     if not expect_json:
         return raw
     try:

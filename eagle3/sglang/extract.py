@@ -14,19 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoTokenizer
 
+from eagle3.core.layer_ids import LayerIdRule, layer_id_rule
 from eagle3.core.params import Params, check_against_target
 from eagle3.data.extract import Backend, GroupFn, Selected, run_extraction
 from eagle3.data.store import Sample
 from eagle3.sglang.check import check_pools
 from eagle3.sglang.client import ServerPool
-from eagle3.sglang.layer_ids import layer_id_rule
 from eagle3.sglang.rows import Rows, generate_body, prefill_body, request_rows
+from eagle3.sglang.server_args import check_pool_args
 from eagle3.sglang.servers import ExtractionServers, FinalState
 from eagle3.verifier.load import (
     eos_token_ids_of_folder,
@@ -128,14 +130,35 @@ def refuse_concurrent_cache_hits(aux: ServerPool, final: ServerPool, in_flight: 
         )
 
 
-def extract_with_sglang(
-    params: Params,
-    fingerprint: dict,
-    out_dir: Path,
-    **options: int | dict | None,
-) -> dict:
-    """The extract stage's work on SGLang servers; refuses servers that differ from what patch-check
-    saw. `options`: run_extraction's `stop_after_shards` and `stats`."""
+@dataclass(frozen=True)
+class CheckedServers:
+    """The servers of the extract params, checked against what patch-check recorded."""
+
+    servers: ExtractionServers
+    aux_layers: list[int]
+    hidden_size: int
+    rule: LayerIdRule
+    recorded: dict  # name ("server_args", "final_server_args") -> the args patch-check saw
+
+    def refuse_changed(self, url: str) -> None:
+        """ValueError when the server at `url` (relaunched, say) runs other args than recorded."""
+        kind = "final" if self.servers.final is not None and url in self.servers.final.urls else "aux"
+        pool = self.servers.final if kind == "final" else self.servers.aux
+        live = check_pool_args({url: pool.server_info(url)}, kind, self.aux_layers, self.rule)
+        _refuse_changed(self.recorded["final_server_args" if kind == "final" else "server_args"], live)
+
+
+def _refuse_changed(recorded: dict | None, live: dict) -> None:
+    recorded = recorded or {}
+    changed = sorted(k for k in live if recorded.get(k) != live[k])
+    if changed:
+        detail = ", ".join(f"{k}: {recorded.get(k)!r} -> {live[k]!r}" for k in changed)
+        raise ValueError(f"the SGLang servers changed since patch-check ({detail}): run patch-check again")
+
+
+def checked_servers(params: Params, fingerprint: dict) -> CheckedServers:
+    """The extract params' servers after refusing, before any request, what differs from the
+    patch-check report: the engine, the aux layers, the target mode and every server's args."""
     if fingerprint.get("engine") != "sglang":
         raise ValueError(
             f"extract.backend is 'sglang' but the patch-check report checked {fingerprint.get('engine')}: "
@@ -159,20 +182,28 @@ def extract_with_sglang(
         )
     rule = layer_id_rule(full_config.architectures[0])
     aux_args, final_args = check_pools(servers.aux, servers.final, aux_layers, rule)
-    for name, live in (("server_args", aux_args), ("final_server_args", final_args or {})):
-        recorded = fingerprint.get(name) or {}
-        changed = sorted(k for k in live if recorded.get(k) != live[k])
-        if changed:
-            detail = ", ".join(f"{k}: {recorded.get(k)!r} -> {live[k]!r}" for k in changed)
-            raise ValueError(
-                f"the SGLang servers changed since patch-check ({detail}): run patch-check again"
-            )
+    recorded = {name: fingerprint.get(name) for name in ("server_args", "final_server_args")}
+    _refuse_changed(recorded["server_args"], aux_args)
+    _refuse_changed(recorded["final_server_args"], final_args or {})
     if servers.final is not None and params.extract.sglang_requests_in_flight > 1:
         refuse_concurrent_cache_hits(servers.aux, servers.final, params.extract.sglang_requests_in_flight)
+    return CheckedServers(servers, aux_layers, config.hidden_size, rule, recorded)
+
+
+def extract_with_sglang(
+    params: Params,
+    fingerprint: dict,
+    out_dir: Path,
+    **options: int | dict | None,
+) -> dict:
+    """The extract stage's work on SGLang servers; refuses servers that differ from what patch-check
+    saw. `options`: run_extraction's `stop_after_shards` and `stats`."""
+    checked = checked_servers(params, fingerprint)
     path = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(path)
     chat = has_chat_template(params.target.source)
     stop = eos_token_ids_of_folder(path, tokenizer)
-    compute = sglang_group_fn(servers, config.hidden_size, params, tokenizer, chat, stop)
-    backend = Backend(tokenizer, chat, config.hidden_size, compute, servers.top_logprobs)
-    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
+    servers, hidden = checked.servers, checked.hidden_size
+    compute = sglang_group_fn(servers, hidden, params, tokenizer, chat, stop)
+    backend = Backend(tokenizer, chat, hidden, compute, servers.top_logprobs)
+    return run_extraction(backend, params, checked.aux_layers, fingerprint, out_dir, **options)

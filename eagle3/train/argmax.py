@@ -79,6 +79,13 @@ def target_argmax(
 
 
 def _argmax(store: FeatureStore, s: int, head: Tensor) -> Tensor:
-    hidden = store.sample(s)["last_hidden"].to(head.device, head.dtype)
+    return argmax_rows(store.sample(s)["last_hidden"], head)
+
+
+@torch.no_grad()
+def argmax_rows(last_hidden: Tensor, head: Tensor) -> Tensor:
+    """int32 [T]: the target's argmax from one sample's final-norm rows, in fixed row blocks (a
+    value never depends on the samples computed beside it; online training calls it too)."""
+    hidden = last_hidden.to(head.device, head.dtype)
     blocks = [(hidden[i : i + ROWS] @ head.T).argmax(-1) for i in range(0, len(hidden), ROWS)]
     return torch.cat(blocks).to("cpu", torch.int32)

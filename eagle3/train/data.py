@@ -4,13 +4,15 @@ One sample per row (cut at `seq_len`), right-padded: attention is then plain cau
 what the drafter sees at inference. Rows of similar length are batched together (sorted within
 shuffled pools) so little is spent on padding. The batches of an epoch are a pure function of
 (seed, epoch), so a run's data position is just (epoch, batch index) and a resumed run sees
-exactly the batches it would have seen. Hidden states are read per batch through
-safetensors' memory map, never all at once.
+exactly the batches it would have seen. A batch's rows come from a row reader: `StoredFeatures`
+reads hidden states through safetensors' memory map, never all at once; an online store's
+`OnlineFeatures` (online.py) computes them from the target.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -56,12 +58,36 @@ def split_samples(num_samples: int, heldout_fraction: float, seed: int) -> tuple
     return sorted(order[n_held:]), sorted(order[:n_held])
 
 
-class BatchSource:
-    """Batches of one split; `batch(samples)` reads their tensors from the store."""
+class StoredFeatures:
+    """Rows of a feature store: its tensors, and the target's argmax computed beforehand."""
 
-    def __init__(self, store: FeatureStore, samples: list[int], in_draft: dict[int, Tensor], seq_len: int):
-        self.store, self.samples, self.in_draft, self.seq_len = store, samples, in_draft, seq_len
-        self.lengths = {s: min(int(in_draft[s].numel()), seq_len) for s in samples}
+    def __init__(self, store: FeatureStore, in_draft: dict[int, Tensor]):
+        self.store, self.in_draft, self.keys = store, in_draft, store.keys
+
+    def rows(self, samples: list[int]) -> dict[int, dict[str, Tensor]]:
+        return {s: self.store.sample(s) | {"in_draft": self.in_draft[s]} for s in samples}
+
+
+class RowReader(Protocol):
+    """Per sample: input_ids, loss_mask, in_draft and the feature keys it names in `keys`."""
+
+    keys: tuple[str, ...]
+
+    def rows(self, samples: list[int]) -> dict[int, dict[str, Tensor]]: ...
+
+
+def sample_lengths(store: FeatureStore) -> list[int]:
+    """Every sample's token count, from the token file (no hidden state is read)."""
+    offsets = store.tokens()["offsets"]
+    return (offsets[1:] - offsets[:-1]).tolist()
+
+
+class BatchSource:
+    """Batches of one split; `batch(samples)` reads their rows from the reader."""
+
+    def __init__(self, reader: RowReader, samples: list[int], lengths: list[int], seq_len: int):
+        self.reader, self.samples, self.seq_len = reader, samples, seq_len
+        self.lengths = {s: min(lengths[s], seq_len) for s in samples}
 
     @property
     def num_tokens(self) -> int:
@@ -93,10 +119,11 @@ class BatchSource:
         real = torch.zeros(b, width, dtype=torch.bool)
         # per-position feature -> its padded [B, T, ...] tensor: aux_hidden and the target's keys,
         # as the store holds them (last_hidden, or the top-N ids and logprobs)
-        keys = [k for k in self.store.keys if k not in ("input_ids", "loss_mask")]
+        keys = [k for k in self.reader.keys if k not in ("input_ids", "loss_mask")]
         padded: dict[str, Tensor] = {}
+        rows = self.reader.rows(samples)
         for r, s in enumerate(samples):
-            feats = self.store.sample(s)
+            feats = rows[s]
             n = self.lengths[s]
             if not padded:
                 for key in keys:
@@ -104,7 +131,7 @@ class BatchSource:
                     padded[key] = torch.zeros(b, width, feats[key].shape[-1], dtype=kind)
             ids[r, :n] = feats["input_ids"][:n].long()
             mask[r, :n] = feats["loss_mask"][:n].bool()
-            in_draft[r, :n] = self.in_draft[s][:n]
+            in_draft[r, :n] = feats["in_draft"][:n]
             real[r, :n] = True
             for key, tensor in padded.items():
                 tensor[r, :n] = feats[key][:n]
@@ -140,6 +167,11 @@ def target_in_draft(
     store on this machine (eagle3/train/argmax.py)."""
     if store.target_topk is not None:
         return {s: t2d[store.sample(s)["target_topk_ids"][:, 0].long()].clone() for s in samples}
-    head = lm_head.to(resolve_dtype("auto")) if lm_head.device.type == "cpu" else lm_head
-    argmax = target_argmax(store, samples, head, features_sha256, d)
+    argmax = target_argmax(store, samples, argmax_head(lm_head), features_sha256, d)
     return {s: t2d[ids.long()] for s, ids in argmax.items()}
+
+
+def argmax_head(lm_head: Tensor) -> Tensor:
+    """The lm_head the target's argmax is taken with (stored and online alike): on a CPU in the
+    dtype measured fastest there, else as it is."""
+    return lm_head.to(resolve_dtype("auto")) if lm_head.device.type == "cpu" else lm_head

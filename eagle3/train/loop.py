@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,8 +35,16 @@ from eagle3.train.checkpoint import (
     trainable_state,
     write_checkpoint,
 )
-from eagle3.train.data import Batch, BatchSource, split_samples, target_in_draft
+from eagle3.train.data import (
+    Batch,
+    BatchSource,
+    StoredFeatures,
+    sample_lengths,
+    split_samples,
+    target_in_draft,
+)
 from eagle3.train.distributed import all_reduce, barrier, device_of, init_distributed
+from eagle3.train.online import OnlineSource, prefetched
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
 from eagle3.train.simulate import SHAPES, accepted_lengths
 from eagle3.train.ttt import TTTModel, acceptance_length, flops_per_token_step, step_valid
@@ -73,8 +82,18 @@ class TrainRecipe:
     Hooks `on_step(curve row)` and `on_epoch(epoch result)` run on rank 0 (tracking); an exception
     raised in one interrupts the run as a kill would, after the last checkpoint."""
 
-    def __init__(self, p: TrainParams, inputs: TrainInputs, checkpoint_dir: Path | None = None):
-        self.p, self.inputs = p, inputs
+    def __init__(
+        self,
+        p: TrainParams,
+        inputs: TrainInputs,
+        checkpoint_dir: Path | None = None,
+        online: OnlineSource | None = None,
+    ):
+        self.p, self.inputs, self.online = p, inputs, online
+        if inputs.store.online and online is None:
+            raise ValueError(
+                "the feature store holds tokens only (extract.features: online): give its source"
+            )
         self.ckpt_path = checkpoint_dir / CHECKPOINT if checkpoint_dir else None
         self.cfg = inputs.drafter_cfg
         if drafter_config(self.cfg, p) != self.cfg:
@@ -119,10 +138,15 @@ class TrainRecipe:
             train_ids = train_ids[: p.max_samples]
         if heldout_only:
             train_ids = []
-        samples, fp = train_ids + held_ids, self.inputs.features_sha256
-        in_draft = target_in_draft(store, samples, self.inputs.head, self.inputs.t2d, fp, self.dist)
-        self.train_src = BatchSource(store, train_ids, in_draft, p.seq_len)
-        self.held_src = BatchSource(store, held_ids, in_draft, p.seq_len)
+        if store.online:  # features and the target's argmax come with each batch
+            reader = self.online.features
+        else:
+            samples, fp = train_ids + held_ids, self.inputs.features_sha256
+            in_draft = target_in_draft(store, samples, self.inputs.head, self.inputs.t2d, fp, self.dist)
+            reader = StoredFeatures(store, in_draft)
+        lengths = sample_lengths(store)
+        self.train_src = BatchSource(reader, train_ids, lengths, p.seq_len)
+        self.held_src = BatchSource(reader, held_ids, lengths, p.seq_len)
 
     def _setup_model(self) -> None:
         p, inputs = self.p, self.inputs
@@ -179,6 +203,12 @@ class TrainRecipe:
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
         self.curve, self.epochs = state["curve"], state["epochs"]
         self.epoch_sums.sums = state["epoch_sums"]
+        if self.dist.main:
+            Console(stderr=True).print(
+                f"[bold]train:[/] resuming {escape(str(self.ckpt_path))} at step {self.step} "
+                f"(epoch {self.epoch}, batch {self.batch_index})",
+                soft_wrap=True,
+            )
 
     def save_checkpoint(self) -> None:
         """The state after the current batch (rank 0 writes; every rank waits for it)."""
@@ -234,14 +264,27 @@ class TrainRecipe:
 
     def _train_epoch(self, on_step: Callable[[dict], None] | None) -> None:
         batches = self.train_src.epoch_batches(self.epoch, self.p.seed, self.p.batch_size)
-        while self.batch_index < len(batches):
-            rows = batches[self.batch_index][self.dist.rank :: self.dist.world]
-            row = self._train_step(self.train_src.batch(rows, None if self.autocast else self.master))
-            self.batch_index += 1
-            self.curve.append(row)
-            self._report(row, on_step)
-            if self.step % self.p.checkpoint_every == 0:
-                self.save_checkpoint()
+        rows = [b[self.dist.rank :: self.dist.world] for b in batches[self.batch_index :]]
+        with closing(self._batches(self.train_src, rows)) as ahead:
+            for batch in ahead:
+                row = self._train_step(batch)
+                self.batch_index += 1
+                self.curve.append(row)
+                self._report(row, on_step)
+                if self.step % self.p.checkpoint_every == 0:
+                    self.save_checkpoint()
+
+    def _batches(self, source: BatchSource, rows: Sequence[list[int]]) -> Iterator[Batch]:
+        """The batches of these rows, in order: read as they are needed from a store; from an
+        online store computed on a background thread, extract.prefetch_batches ahead."""
+        dtype = None if self.autocast else self.master
+
+        def make(samples: list[int]) -> Batch:
+            return source.batch(samples, dtype)
+
+        if self.online is not None:
+            return prefetched(make, rows, self.online.prefetch_batches)
+        return (make(r) for r in rows)
 
     def _train_step(self, batch: Batch) -> dict:
         """One optimizer step on this rank's rows; returns the step's curve row (global sums)."""
@@ -291,15 +334,16 @@ class TrainRecipe:
         # the eval's draft shapes, as deep as the drafter was trained (train/simulate.py)
         shapes = tuple(s for s in SHAPES if s.depth <= p.ttt_length)
         simulated: dict[str, list[torch.Tensor]] = {s.name: [] for s in shapes}
-        for rows in source.fixed_batches(p.batch_size):
-            batch = _to_device(source.batch(rows, None if self.autocast else self.master), self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                _, stats, hits = self.model(batch, chains=True)
-                for name, lengths_of_shape in accepted_lengths(self.model, batch, shapes).items():
-                    simulated[name].append(lengths_of_shape.cpu())
-            acc.add(stats.as_tensor())
-            if hits is not None and len(hits):
-                lengths.append(acceptance_length(hits))
+        with closing(self._batches(source, source.fixed_batches(p.batch_size))) as ahead:
+            for batch in ahead:
+                batch = _to_device(batch, self.device)
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                    _, stats, hits = self.model(batch, chains=True)
+                    for name, lengths_of_shape in accepted_lengths(self.model, batch, shapes).items():
+                        simulated[name].append(lengths_of_shape.cpu())
+                acc.add(stats.as_tensor())
+                if hits is not None and len(hits):
+                    lengths.append(acceptance_length(hits))
         out = acc.summary()
         alen = torch.cat(lengths).double() if lengths else torch.ones(1, dtype=torch.float64)
         out["acceptance_length"] = float(alen.mean())
@@ -364,9 +408,11 @@ def train_drafter(
     checkpoint_dir: Path | None = None,
     on_step: Callable[[dict], None] | None = None,
     on_epoch: Callable[[dict], None] | None = None,
+    online: OnlineSource | None = None,
 ) -> TrainOutcome | None:
-    """Set up and run a training recipe: the outcome on rank 0, None on other ranks."""
-    recipe = TrainRecipe(p, inputs, checkpoint_dir)
+    """Set up and run a training recipe: the outcome on rank 0, None on other ranks; `online`:
+    where an online store's features come from."""
+    recipe = TrainRecipe(p, inputs, checkpoint_dir, online)
     recipe.setup()
     return recipe.train(on_step, on_epoch)
 

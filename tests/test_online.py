@@ -1,0 +1,157 @@
+"""Online features (extract.features: online): the store keeps tokens only and training computes
+each batch's features from the target. Checked on the real stages with the real SmolLM2 at tiny
+sizes: a sample's features do not depend on the samples computed beside it, online training
+writes the offline drafter's bytes, a killed online run resumes to them, and the prefetch queue
+keeps its order and depth."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from eagle3.core.params import Params, TargetParams
+from eagle3.data.extract import capture_rows, select_conversations
+from eagle3.data.store import FeatureStore
+from eagle3.train.online import disagreement, prefetched
+from eagle3.verifier.load import has_chat_template, load_target
+from eagle3.verifier.render import Rendered
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("faults", REPO / "bench" / "faults.py")
+faults = importlib.util.module_from_spec(spec)
+sys.modules["faults"] = faults
+spec.loader.exec_module(faults)
+
+DRAFTER = "artifacts/train/drafter"
+CHECKPOINTS = "artifacts/train/checkpoints"
+
+
+# --- the prefetch queue --------------------------------------------------------------------------
+
+
+def test_prefetch_keeps_the_order_and_never_runs_past_its_depth():
+    made, consumed, ahead = [], [], []
+    lock = threading.Lock()
+
+    def make(i: int) -> int:
+        with lock:
+            made.append(i)
+            ahead.append(len(made) - len(consumed))  # made and not yet handed over, this one included
+        time.sleep(0.002 * (i % 3))  # uneven work
+        return i * 10
+
+    for value in prefetched(make, list(range(20)), depth=3):
+        consumed.append(value)
+        time.sleep(0.005)  # a consumer slower than the producer: the queue fills
+    assert consumed == [i * 10 for i in range(20)]
+    assert max(ahead) <= 3 + 1 and max(ahead) >= 3  # the depth ahead plus the one being used
+
+
+def test_prefetch_raises_at_the_failing_item_and_closing_stops_the_thread():
+    def make(i: int) -> int:
+        if i == 4:
+            raise RuntimeError("server gone")
+        return i
+
+    got = []
+    with pytest.raises(RuntimeError, match="server gone"):
+        for value in prefetched(make, list(range(10)), depth=2):
+            got.append(value)
+    assert got == [0, 1, 2, 3]
+
+    made = []
+    ahead = prefetched(lambda i: made.append(i) or i, list(range(100)), depth=2)
+    assert next(ahead) == 0
+    ahead.close()
+    count = len(made)
+    time.sleep(0.05)
+    assert len(made) == count <= 4  # stopped: nothing more is made after close
+    assert not [t for t in threading.enumerate() if t.name == "eagle3-prefetch"]
+
+
+# --- features are a function of the sample ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_samples_features_do_not_depend_on_the_samples_beside_it(dtype):
+    """Real SmolLM2: each sample alone, with others of its length, and in other groups gives the
+    same bytes (padding would not: a padded row's states depend on the width it was padded to)."""
+    target = load_target(TargetParams(dtype=dtype))
+    params = Params.model_validate({"data": {"num_samples": 8, "max_length": 48}})
+    chat = has_chat_template(target.source)
+    full = [s.rendered for s in select_conversations(params, target.tokenizer, chat)]
+    cut = [48, 48, 31, 48, 31, 17, 48, 9]  # shared lengths and lengths of their own
+    rendered = [Rendered(r.input_ids[:n], r.loss_mask[:n]) for r, n in zip(full, cut, strict=True)]
+    lengths = [len(r.input_ids) for r in rendered]
+    aux = [1, 14, 26]
+    alone = [capture_rows(target, [r], aux, 4096)[0] for r in rendered]
+    together = capture_rows(target, rendered, aux, 4096)
+    reversed_ = capture_rows(target, rendered[::-1], aux, 4096)[::-1]
+    pairs = capture_rows(target, rendered, aux, 2 * max(lengths))  # at most two rows a forward
+    for i, a in enumerate(alone):
+        for other in (together[i], reversed_[i], pairs[i]):
+            assert torch.equal(a.aux_hidden, other.aux_hidden) and torch.equal(
+                a.last_hidden, other.last_hidden
+            )
+            assert disagreement(a, other) is None
+
+
+# --- the real stages ----------------------------------------------------------------------------
+
+
+def set_features(project: Path, mode: str, **extract) -> None:
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["extract"] |= {"features": mode} | extract
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def drafter_bytes(project: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((project / DRAFTER).iterdir())}
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory) -> tuple[Path, dict[str, bytes], dict]:
+    """The tiny project trained from a feature store: its drafter bytes and train metrics."""
+    project = faults.make_project(tmp_path_factory.mktemp("online"))
+    for stage in ("patch_check", "extract", "vocab_map", "train"):
+        faults.must_run(project, stage)
+    metrics = json.loads((project / "metrics/train.json").read_text())
+    return project, drafter_bytes(project), metrics
+
+
+def without_timings(metrics: dict) -> dict:
+    return faults._without_timings(metrics)
+
+
+@pytest.mark.timeout(1800)
+def test_online_training_writes_the_offline_drafter_and_resumes_to_it(offline):
+    project, stored_drafter, stored_metrics = offline
+    stored_bytes = sum(p.stat().st_size for p in (project / "artifacts/extract").iterdir())
+    set_features(project, "online", recheck_every=3)
+    faults.must_run(project, "extract")
+    store = FeatureStore(project / "artifacts/extract")
+    assert store.online and store.keys == ("input_ids", "loss_mask")
+    online_bytes = sum(p.stat().st_size for p in (project / "artifacts/extract").iterdir())
+    assert online_bytes * 20 < stored_bytes  # tokens only: no hidden states on disk
+    faults.must_run(project, "vocab_map")
+    faults.must_run(project, "train")
+    assert drafter_bytes(project) == stored_drafter
+    online_metrics = json.loads((project / "metrics/train.json").read_text())
+    assert without_timings(online_metrics) == without_timings(stored_metrics)
+
+    # killed once its first checkpoint is written, then run again: the same bytes
+    faults.remove(project, [DRAFTER, CHECKPOINTS])
+    assert faults.kill_after_files(project, "train", CHECKPOINTS, 1)
+    assert not (project / DRAFTER / "model.safetensors").exists()
+    done = faults.run(project, "train")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "train: resuming" in done.stderr and "at step 0 " not in done.stderr
+    assert drafter_bytes(project) == stored_drafter

@@ -1,0 +1,130 @@
+"""Online features from SGLang servers (extract.features: online, backend sglang), against the
+local replay servers of tests/test_sglang.py (recorded SGLang 0.5.23 responses): the online
+drafter equals the one trained from the same servers' store, a server that goes away is waited
+for with one line naming it, and one that comes back with other args is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_sglang import ReplayHandler, conversations_file, servers, stage_runner, tiny  # noqa: F401
+
+from eagle3.data.store import FeatureStore
+
+DRAFTER = "artifacts/train/drafter"
+TRAIN = {"epochs": 2, "seq_len": 64, "batch_size": 1, "heldout_fraction": 0.34, "dtype": "float32"}
+
+
+def drafter_bytes(project: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((project / DRAFTER).iterdir())}
+
+
+def set_params(project: Path, raw: dict, **extract) -> None:
+    raw["extract"] |= extract
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+
+
+class Down:
+    """Makes a replay server stop answering (connections closed unanswered) after `after`
+    /generate requests, until `up()`; then it answers with `info` changes applied."""
+
+    def __init__(self, server, after: int):
+        self.server, self.after, self.down = server, after, False
+        handle_post, handle_get = ReplayHandler.do_POST, ReplayHandler.do_GET
+        gone = self
+
+        def post(handler) -> None:
+            if handler.path == "/generate" and len(handler.server.requests) >= gone.after:
+                gone.down = True
+            if gone.down:
+                handler.close_connection = True  # no answer: the client sees the server gone
+                return
+            handle_post(handler)
+
+        def get(handler) -> None:
+            if gone.down:
+                handler.close_connection = True
+                return
+            handle_get(handler)
+
+        self.saved = (handle_post, handle_get)
+        ReplayHandler.do_POST, ReplayHandler.do_GET = post, get
+
+    def up(self, **info) -> None:
+        self.server.info |= info
+        self.after, self.down = 10**9, False
+
+    def restore(self) -> None:
+        ReplayHandler.do_POST, ReplayHandler.do_GET = self.saved
+
+
+def start_train(project: Path, log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["EAGLE3_SGLANG_POLL_S"] = "0.2"
+    return subprocess.Popen(
+        [sys.executable, "-m", "stages.train"], cwd=project, env=env, stderr=log.open("w"), text=True
+    )
+
+
+def wait_for_line(proc: subprocess.Popen, log: Path, text: str, timeout: float = 600) -> None:
+    began = time.monotonic()
+    while text not in log.read_text():
+        assert proc.poll() is None, f"train ended ({proc.returncode}) before '{text}':\n{log.read_text()}"
+        assert time.monotonic() - began < timeout, f"no '{text}' after {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(1800)
+def test_online_features_from_sglang_servers_train_the_stored_drafter(servers, tmp_path):  # noqa: F811
+    aux, _ = servers
+    raw = tiny(conversations_file(tmp_path), aux.url, None) | {"vocab": {"size": 512}, "train": TRAIN}
+    project, stage = stage_runner(tmp_path, raw)
+    for name in ("patch_check", "extract", "vocab_map", "train"):
+        done = stage(name)
+        assert done.returncode == 0, f"{name}: {done.stderr}"
+    stored = drafter_bytes(project)
+
+    set_params(project, raw, features="online", recheck_every=2)
+    sent = len(aux.requests)
+    assert stage("extract").returncode == 0
+    assert len(aux.requests) == sent  # an online extraction stores tokens: no server work
+    assert FeatureStore(project / "artifacts/extract").online
+    assert stage("vocab_map").returncode == 0
+    done = stage("train")
+    assert done.returncode == 0, done.stderr
+    assert len(aux.requests) > sent  # the features came from the server while training
+    assert drafter_bytes(project) == stored
+
+    # the server goes away mid-training: one line names it, training waits, then finishes the same
+    for path in (project / DRAFTER, project / "artifacts/train/checkpoints"):
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+    down = Down(aux, after=len(aux.requests) + 2)
+    try:
+        log = tmp_path / "train.log"
+        proc = start_train(project, log)
+        wait_for_line(proc, log, f"waiting for {aux.url}")
+        down.up()
+        assert proc.wait(timeout=600) == 0, log.read_text()
+        text = log.read_text()
+        assert text.count(f"waiting for {aux.url}") == 1 and f"{aux.url} answers again" in text
+        assert drafter_bytes(project) == stored
+
+        # ...and comes back relaunched with other args: refused as extract refuses it
+        for path in (project / DRAFTER, project / "artifacts/train/checkpoints"):
+            subprocess.run(["rm", "-rf", str(path)], check=True)
+        down.after, down.down = len(aux.requests) + 2, False
+        proc = start_train(project, log)
+        wait_for_line(proc, log, f"waiting for {aux.url}")
+        down.up(tp_size=2)
+        assert proc.wait(timeout=600) == 1
+        text = log.read_text()
+        assert "tp_size: 1 -> 2" in text and "run patch-check again" in text
+        assert not (project / DRAFTER / "model.safetensors").exists()
+    finally:
+        down.restore()
