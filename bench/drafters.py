@@ -3,7 +3,7 @@
     python -m bench.drafters drafters/smollm2-135m-instruct-full OTHER_DRAFTER
         [--prompts 24] [--tokens 128] [--mode tree --k 2 --topk 4 --budget 6] [--lookup 4]
 
-Deciding whether a new drafter replaces a shipped one (issue 24): each prompt is decoded plain,
+Deciding whether a new drafter replaces a shipped one: each prompt is decoded plain,
 by each drafter's engine (drafter alone, as SGLang and vLLM serve it) and, with --lookup N, by
 transformers' prompt lookup, back to back in rotating order, so machine noise hits all alike.
 Greedy acceptance is deterministic; speeds are not. Every figure has a bootstrap interval over
@@ -24,7 +24,7 @@ from bench.decoding import mtbench_prompts
 from eagle3.core.device import DTYPES, machine
 from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import Generation, greedy_decode
-from eagle3.decoding.evaluate import decode_rotated, generation_totals, prompt_lookup_decode
+from eagle3.decoding.evaluate import decode_prompts, generation_totals, prompt_lookup_decode
 from eagle3.decoding.setup import DecodingSetup, check_draft_depth
 from eagle3.decoding.stats import Totals, acceptance_length, percentile_interval, resample_index, speedup
 from eagle3.drafter.export import trained_ttt_length
@@ -32,16 +32,10 @@ from eagle3.drafter.export import trained_ttt_length
 Decoder = tuple[str, Callable[[list[int]], Generation]]
 
 
-def decode_all(decoders: list[Decoder], prompts: list[tuple[str, list[int]]]) -> list[dict[str, Generation]]:
-    """Every prompt through every decoder in rotating order, after one untimed warm-up."""
-    for _, decode in decoders:
-        decode(prompts[0][1])
-    rows = []
-    for i, (pid, ids) in enumerate(prompts):
-        rows.append(decode_rotated(decoders, ids, i))
-        line = ", ".join(f"{name} {_rate(g):.1f}" for name, g in rows[-1].items())
-        print(f"  {pid}: tokens/s {line}", flush=True)
-    return rows
+def print_rates(pid: str, generations: dict[str, Generation]) -> None:
+    """One line per prompt: each decoder's tokens/s, in the order they ran."""
+    line = ", ".join(f"{name} {_rate(g):.1f}" for name, g in generations.items())
+    print(f"  {pid}: tokens/s {line}", flush=True)
 
 
 def _rate(g: Generation) -> float:
@@ -99,7 +93,7 @@ def main() -> None:
         print(f"{name}: {path}")
     tree = f" topk={args.topk} budget={args.budget}" if args.mode == "tree" else ""
     print(f"{args.prompts} MT-bench prompts x {n} tokens, {args.mode} k={args.k}{tree}, drafters alone")
-    rows = decode_all(decoders, mtbench_prompts(setup_a.target, args.prompts))
+    rows = decode_prompts(decoders, mtbench_prompts(setup_a.target, args.prompts), on_prompt=print_rates)
     report(rows, [name for name, _ in decoders if name != "plain"], args.seed)
 
 

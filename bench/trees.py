@@ -19,7 +19,7 @@ from collections.abc import Callable
 from bench.decoding import load_pair, mtbench_prompts
 from eagle3.core.device import DTYPES
 from eagle3.decoding.engine import Generation, greedy_decode
-from eagle3.decoding.evaluate import decode_rotated, prompt_lookup_decode
+from eagle3.decoding.evaluate import Diverged, decode_prompts, prompt_lookup_decode
 
 
 def parse_shape(text: str) -> dict:
@@ -52,7 +52,7 @@ def main() -> None:
     setup = load_pair(args.target, args.dtype, args.drafter, args.drafter_dtype)
     target, eos = setup.target, setup.eos
     engines = {shape: setup.engine(**parse_shape(shape)) for shape in args.shapes}
-    prompts = [ids for _, ids in mtbench_prompts(target, args.prompts)]
+    prompts = mtbench_prompts(target, args.prompts)
     n = args.tokens
 
     decoders: list[tuple[str, Callable[[list[int]], Generation]]] = [
@@ -62,15 +62,11 @@ def main() -> None:
         decoders.append(("lookup", lambda ids: prompt_lookup_decode(target.model, ids, n, eos, args.lookup)))
     decoders += [(shape, lambda ids, e=e: e.generate(ids, n, eos)) for shape, e in engines.items()]
 
-    for _, decode in decoders:  # warm-up, untimed
-        decode(prompts[0])
-    runs: dict[str, list[Generation]] = {}
-    for i, ids in enumerate(prompts):
-        for name, generation in decode_rotated(decoders, ids, i).items():
-            runs.setdefault(name, []).append(generation)
-        for shape in engines:
-            if runs[shape][-1].tokens != runs["plain"][-1].tokens:
-                raise SystemExit(f"{shape} diverged from plain greedy on prompt {i}")
+    try:
+        rows = decode_prompts(decoders, prompts, must_match=list(engines))
+    except Diverged as err:
+        raise SystemExit(f"{err.name} diverged from plain greedy on prompt {err.index}") from None
+    runs = {name: [row[name] for row in rows] for name, _ in decoders}
 
     base = rate(runs["plain"])
     print(f"plain greedy: {base:.2f} tok/s ({1000 / base:.1f} ms/token), {len(prompts)} prompts x {n} tokens")

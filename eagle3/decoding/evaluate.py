@@ -105,6 +105,42 @@ def decode_rotated(
     return {name: decode(ids) for name, decode in decoders[shift:] + decoders[:shift]}
 
 
+class Diverged(Exception):
+    """A decoder that must be lossless produced other tokens than the reference decoder."""
+
+    def __init__(self, name: str, reference: str, index: int) -> None:
+        super().__init__(f"{name} diverged from {reference} on prompt {index}")
+        self.name, self.reference, self.index = name, reference, index
+
+
+def decode_prompts(
+    decoders: Sequence[tuple[str, Callable[[list[int]], Generation]]],
+    prompts: Sequence[tuple[str, list[int]]],
+    must_match: Sequence[str] = (),
+    on_prompt: Callable[[str, dict[str, Generation]], None] | None = None,
+) -> list[dict[str, Generation]]:
+    """Every prompt (id, token ids) through every decoder in rotating order (decode_rotated), after
+    one untimed warm-up of each decoder on the first prompt: per prompt, each decoder's Generation.
+
+    `must_match`: the decoders whose tokens must equal the first decoder's (the reference); the
+    first prompt where one differs raises Diverged, the run stopped there (bench/trees.py).
+    `on_prompt(id, generations)` after each prompt, e.g. to print its rates (bench/drafters.py).
+    """
+    if prompts:  # warm-up, untimed
+        for _, decode in decoders:
+            decode(prompts[0][1])
+    reference = decoders[0][0]
+    rows = []
+    for i, (pid, ids) in enumerate(prompts):
+        rows.append(decode_rotated(decoders, ids, i))
+        for name in must_match:
+            if rows[-1][name].tokens != rows[-1][reference].tokens:
+                raise Diverged(name, reference, i)
+        if on_prompt is not None:
+            on_prompt(pid, rows[-1])
+    return rows
+
+
 def run_comparison(
     engine: SpecEngine,
     prompts: Sequence[tuple[str, list[int]]],
@@ -151,8 +187,8 @@ def _rate(tokens: int, seconds: float) -> float:
 
 
 def summarize(run: EvalRun, k: int, greedy: bool) -> dict:
-    """The metrics of a comparison (see DESIGN.md, speculative-eval); `k` is the most draft tokens
-    a step can accept (SpecEngine.max_depth), the denominator of acceptance_rate."""
+    """The metrics of a comparison (docs/drafters.md, "Decoding shape"); `k` is the most draft
+    tokens a step can accept (SpecEngine.max_depth), the denominator of acceptance_rate."""
     results = run.results
     accepted = torch.tensor([a for r in results for a in r.spec.accepted], dtype=torch.float64)
     steps = accepted.shape[0]
