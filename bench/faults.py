@@ -485,7 +485,8 @@ def pytest_rows(files: dict[str, str]) -> list[Tally]:
     rows = []
     for kind, test_file in files.items():
         # output to a file, not pipes, in its own session: tests/test_report_sweep.py starts a DVC
-        # queue, whose daemon would hold pipes open after pytest is done (issue 20)
+        # queue, whose daemon would hold pipes open after pytest is done (a queue worker can miss
+        # the empty queue and never exit: docs/experiments.md, "Leftover queue workers")
         with tempfile.TemporaryFile("w+") as out:
             subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", test_file],

@@ -4,9 +4,9 @@ test can hang on them and none outlives its test. Every test that starts one use
 A daemon forked by a command inherits the command's stdout and stderr. Read through pipes
 (`capture_output=True`), that output ends only when its last holder exits, so `subprocess.run`
 waits for the daemon, not for the command: for `dvc queue start`, until every queue worker
-exits, which a worker that misses the empty queue never does (issue 20). Here output goes to a
-file, each command starts its own session (so whatever it leaves behind can be found and ended
-by pid), and every wait has a timeout.
+exits, which a worker that misses the empty queue never does (docs/experiments.md, "Leftover
+queue workers"). Here output goes to a file, each command starts its own session (so whatever
+it leaves behind can be found and ended by pid), and every wait has a timeout.
 """
 
 from __future__ import annotations

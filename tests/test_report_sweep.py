@@ -59,7 +59,8 @@ def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_pat
     queued = dvc("exp", "run", "--queue", "-S", f"vocab.size={','.join(map(str, SIZES))}", cwd=project)
     assert queued.stdout.count("Queued experiment") == len(SIZES)
     # its daemon and workers write to a file, in their own session, and are ended for sure on
-    # leaving: a worker can outlive the queue (issue 20)
+    # leaving: a worker can miss the empty queue and outlive it (docs/experiments.md, "Leftover
+    # queue workers")
     with dvc_queue_started(project, 2, project_env()):
         status = wait_for_queue(project)
     assert status.count("Success") == len(SIZES), status

@@ -13,7 +13,7 @@ from eagle3.drafter import Eagle3Drafter
 from eagle3.drafter.ttt_attention import TTTCache
 from eagle3.train.data import Batch
 from eagle3.train.loop import train_drafter
-from eagle3.train.simulate import SHAPES, Shape, accepted_lengths
+from eagle3.train.simulate import SHAPES, DraftShape, accepted_lengths
 from eagle3.train.ttt import TTTModel, shift_left
 
 T = 24
@@ -44,7 +44,7 @@ def setup(seed: int) -> tuple[TTTModel, Batch]:
     return TTTModel(drafter, head[ids].double(), ttt_length=2, decay=0.8), batch
 
 
-def reference(model: TTTModel, batch: Batch, shape: Shape) -> list[int]:
+def reference(model: TTTModel, batch: Batch, shape: DraftShape) -> list[int]:
     m, k = model.drafter, shape.topk
     target = (batch.last_hidden @ model.head_rows.T).argmax(-1)[0]  # draft slot of the target's argmax
     first = m(

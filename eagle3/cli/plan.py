@@ -42,7 +42,7 @@ from eagle3.train.prepare import SHAPE_KEYS, activation_bytes_per_step, drafter_
 
 GIB = 2**30
 # The drafter a real Kimi-K2.5 run reported ("2594.7M total params, 1190.9M trainable" at a
-# 32,000-token draft vocabulary; shared/DESIGN.md): the shape the plan compares a Kimi-shaped
+# 32,000-token draft vocabulary): the shape the plan compares a Kimi-shaped
 # target's drafter with.
 REPORTED_KIMI_DRAFTER = {
     "num_attention_heads": 64,

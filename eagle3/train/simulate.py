@@ -29,7 +29,7 @@ from eagle3.train.ttt import TTTModel, shift_left, step_valid
 
 
 @dataclass(frozen=True)
-class Shape:
+class DraftShape:
     """A draft shape as speculative-eval names it: `depth` levels, `topk` children per node,
     `budget` draft tokens verified per step."""
 
@@ -41,19 +41,15 @@ class Shape:
     def name(self) -> str:
         return f"chain {self.depth}" if self.topk == 1 else f"tree {self.depth}/{self.topk}/{self.budget}"
 
-    @classmethod
-    def of_eval(cls, mode: str, k: int, topk: int, tree_budget: int) -> Shape:
-        return cls(k, 1, k) if mode == "chain" else cls(k, topk, tree_budget)
-
 
 # The default eval shape, the full preset's, and bench/trees.py's candidates.
 SHAPES = (
-    Shape(1, 1, 1),
-    Shape(2, 1, 2),
-    Shape(1, 8, 8),
-    Shape(2, 4, 6),
-    Shape(2, 6, 8),
-    Shape(2, 8, 10),
+    DraftShape(1, 1, 1),
+    DraftShape(2, 1, 2),
+    DraftShape(1, 8, 8),
+    DraftShape(2, 4, 6),
+    DraftShape(2, 6, 8),
+    DraftShape(2, 8, 10),
 )
 
 
@@ -72,7 +68,9 @@ def _position_of(candidates: Tensor, wanted: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def accepted_lengths(model: TTTModel, batch: Batch, shapes: tuple[Shape, ...] = SHAPES) -> dict[str, Tensor]:
+def accepted_lengths(
+    model: TTTModel, batch: Batch, shapes: tuple[DraftShape, ...] = SHAPES
+) -> dict[str, Tensor]:
     """{shape name: simulated tokens per verification [N]} over the batch's valid start positions."""
     m = model.drafter
     widest = max(s.topk for s in shapes)
