@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -65,11 +66,39 @@ def test_missing_folder_is_refused(tmp_path):
         read_init_drafter(str(tmp_path / "nowhere"))
 
 
-def test_not_a_drafter_is_refused(tmp_path):
+def test_a_file_is_refused_as_a_file_not_a_folder(tmp_path):
+    """train.init: README.md (a file that exists) says what it found and what is expected."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# not a drafter\n")
+    with pytest.raises(InputError) as err:
+        read_init_drafter(str(readme))
+    assert str(err.value) == (
+        f"train.init: {readme} is a file, not a folder (expected an exported drafter folder with "
+        "config.json and model.safetensors, e.g. drafters/<name>, or null to train from scratch)"
+    )
+
+
+def test_a_folder_without_the_drafter_files_is_refused_naming_what_it_holds(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(InputError, match=r"is not an exported drafter: no config.json or model.safetensors"):
+    with pytest.raises(InputError) as err:
         read_init_drafter(str(empty))
+    assert str(err.value) == (
+        f"train.init: {empty} is a folder without config.json and model.safetensors, not an exported "
+        "drafter (expected an exported drafter folder with config.json and model.safetensors, e.g. "
+        "drafters/<name>, or null to train from scratch); it is empty"
+    )
+    (empty / "config.json").write_text("{}")  # half a drafter: the missing file is named
+    (empty / "notes").mkdir()
+    with pytest.raises(InputError, match=r"without model.safetensors, not .*; it holds config.json, notes/$"):
+        read_init_drafter(str(empty))
+    parent = tmp_path / "drafters"  # the folder of drafters instead of one drafter in it
+    export_random(parent / "a")
+    with pytest.raises(InputError, match=f"; the drafters in it: {re.escape(str(parent))}/a$"):
+        read_init_drafter(str(parent))
+
+
+def test_not_a_drafter_is_refused(tmp_path):
     target = export_random(tmp_path / "target")  # a target model's config in its place
     config = json.loads((target / "config.json").read_text()) | {"architectures": ["LlamaForCausalLM"]}
     (target / "config.json").write_text(json.dumps(config))

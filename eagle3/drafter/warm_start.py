@@ -56,18 +56,40 @@ class InitDrafter:
         return {k: v for k, v in self.tensors.items() if k not in (*MAPPING_KEYS, EMBED)}
 
 
+EXPECTED = (
+    f"expected an exported drafter folder with {CONFIG} and {WEIGHTS}, e.g. drafters/<name>, "
+    "or null to train from scratch"
+)
+
+
+def _contents(folder: str, path: Path, shown: int = 5) -> str:
+    """What a folder that is not a drafter holds, for the refusal: the drafter folders directly
+    in it first (train.init naming their parent, drafters/, say), else its first entries."""
+    entries = sorted(path.iterdir())
+    drafters = [e for e in entries if e.is_dir() and all((e / n).is_file() for n in (CONFIG, WEIGHTS))]
+    if drafters:
+        return "the drafters in it: " + ", ".join(f"{folder.rstrip('/')}/{e.name}" for e in drafters[:shown])
+    if not entries:
+        return "it is empty"
+    names = [e.name + ("/" if e.is_dir() else "") for e in entries[:shown]]
+    more = f" and {len(entries) - shown} more" if len(entries) > shown else ""
+    return "it holds " + ", ".join(names) + more
+
+
 def read_init_drafter(folder: str, target_config: Any = None) -> InitDrafter:
     """The drafter at `folder` (train.init); InputError when it is missing or not a drafter. Its
     aux layer ids are read as SGLang reads them for `target_config`'s family (DeepSeek/Kimi ids
     differ from Llama's), so a drafter exported elsewhere, which records no family, reads right."""
     path = Path(folder).expanduser()
+    if not path.exists():
+        raise InputError(f"train.init: {folder} does not exist ({EXPECTED})")
     if not path.is_dir():
-        raise InputError(f"train.init: {folder} does not exist (an exported drafter folder, or null)")
+        raise InputError(f"train.init: {folder} is a file, not a folder ({EXPECTED})")
     missing = [name for name in (CONFIG, WEIGHTS) if not (path / name).is_file()]
     if missing:
         raise InputError(
-            f"train.init: {folder} is not an exported drafter: no {' or '.join(missing)} "
-            "(the SGLang/EAGLE layout: config.json + model.safetensors)"
+            f"train.init: {folder} is a folder without {' and '.join(missing)}, not an exported "
+            f"drafter ({EXPECTED}); {_contents(folder, path)}"
         )
     try:
         cfg = DrafterConfig.from_hf_dict(json.loads((path / CONFIG).read_text()), target_config)
