@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import sys
 import threading
 import time
@@ -117,6 +118,19 @@ def drafter_bytes(project: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((project / DRAFTER).iterdir())}
 
 
+def kill_once_exists(project: Path, stage: str, path: str) -> bool:
+    """Start `stage` and SIGKILL it as soon as `path` exists; False if it finished first."""
+    proc, began = faults.start(project, stage), time.monotonic()
+    while proc.poll() is None:
+        assert time.monotonic() - began < faults.STAGE_TIMEOUT_S
+        if (project / path).exists():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.01)
+    return False
+
+
 @pytest.fixture(scope="module")
 def offline(tmp_path_factory) -> tuple[Path, dict[str, bytes], dict]:
     """The tiny project trained from a feature store: its drafter bytes and train metrics."""
@@ -147,9 +161,9 @@ def test_online_training_writes_the_offline_drafter_and_resumes_to_it(offline):
     online_metrics = json.loads((project / "metrics/train.json").read_text())
     assert without_timings(online_metrics) == without_timings(stored_metrics)
 
-    # killed once its first checkpoint is written, then run again: the same bytes
+    # killed once its first checkpoint is in place, then run again: the same bytes
     faults.remove(project, [DRAFTER, CHECKPOINTS])
-    assert faults.kill_after_files(project, "train", CHECKPOINTS, 1)
+    assert kill_once_exists(project, "train", f"{CHECKPOINTS}/last.pt")
     assert not (project / DRAFTER / "model.safetensors").exists()
     done = faults.run(project, "train")
     assert done.returncode == 0, done.stderr[-2000:]

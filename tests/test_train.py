@@ -28,7 +28,7 @@ from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
 from eagle3.train.argmax import cache_file, target_argmax
 from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs
-from eagle3.train.data import BatchSource, split_samples
+from eagle3.train.data import BatchSource, StoredFeatures, sample_lengths, split_samples
 from eagle3.train.loop import train_drafter, warmup_cosine
 from eagle3.train.prepare import TrainInputs, check_memory, check_target_topk, drafter_config
 from eagle3.train.ttt import acceptance_length, topk_target
@@ -255,7 +255,7 @@ def test_split_and_batches_are_deterministic(tmp_path):
     assert not set(train) & set(held) and len(train) + len(held) == 24
     lengths = {s: inputs.store.sample(s)["input_ids"].numel() for s in range(24)}
     in_draft = {s: torch.ones(n, dtype=torch.bool) for s, n in lengths.items()}
-    src = BatchSource(inputs.store, train, in_draft, seq_len=32)
+    src = BatchSource(StoredFeatures(inputs.store, in_draft), train, sample_lengths(inputs.store), seq_len=32)
     assert src.epoch_batches(1, 0, 4) == src.epoch_batches(1, 0, 4) != src.epoch_batches(2, 0, 4)
     batch = src.batch(src.epoch_batches(0, 0, 4)[0])
     assert batch.aux_hidden.shape[-1] == 3 * H and batch.input_ids.shape[1] <= 32

@@ -300,6 +300,10 @@ class FeatureStore:
             self._open[index] = (handle, handle.get_tensor("offsets").tolist())
         return self._open[index]
 
+    def shard_offsets(self, index: int) -> list[int]:
+        """Shard `index`'s row offsets: sample j of it is rows offsets[j]:offsets[j + 1]."""
+        return self._shard(index)[1]
+
     def sample(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} outside 0..{len(self) - 1}")

@@ -12,6 +12,7 @@ reads hidden states through safetensors' memory map, never all at once; an onlin
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from itertools import pairwise
 from typing import Protocol
 
 import torch
@@ -77,9 +78,8 @@ class RowReader(Protocol):
 
 
 def sample_lengths(store: FeatureStore) -> list[int]:
-    """Every sample's token count, from the token file (no hidden state is read)."""
-    offsets = store.tokens()["offsets"]
-    return (offsets[1:] - offsets[:-1]).tolist()
+    """Every sample's token count, from the shards' offsets (no hidden state is read)."""
+    return [hi - lo for i in range(len(store.shards)) for lo, hi in pairwise(store.shard_offsets(i))]
 
 
 class BatchSource:
