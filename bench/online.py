@@ -89,6 +89,7 @@ def one_mode(project: Path, mode: str) -> dict:
     run_stage(project, "vocab_map")
     train_s, rss = run_stage(project, "train")
     metrics = json.loads((project / "metrics" / "train.json").read_text())
+    epochs = yaml.safe_load((project / "params.yaml").read_text())["train"]["epochs"]
     drafter = project / "artifacts" / "train" / "drafter"
     kept = project.parent / f"drafter-{mode}"
     shutil.rmtree(kept, ignore_errors=True)
@@ -99,8 +100,8 @@ def one_mode(project: Path, mode: str) -> dict:
         "bytes": stored,
         "train_s": train_s,
         "tokens": metrics["train_tokens"],
-        "epochs": metrics["epochs"],
-        "tokens_per_s": metrics["tokens_per_s"],
+        "epochs": epochs,
+        "tokens_per_s": metrics["train_tokens_per_s"],
         "peak_rss": rss,
         "heldout_acc_0": metrics["heldout_acc_0"],
         "md5": md5(drafter / "model.safetensors"),

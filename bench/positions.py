@@ -1,5 +1,5 @@
 """Acceptance by draft position, two speculative-eval runs side by side (our engine vs SGLang),
-with bootstrap intervals over prompts: the cross-engine check of README "Speculative-eval on
+with bootstrap intervals over prompts: the cross-engine check of docs/scale-out.md "Speculative-eval on
 SGLang". Both runs must cover the same prompts with the same draft shape.
 
   python -m bench.positions HF_RESULTS.json SGLANG_RESULTS.json [--depth K]

@@ -88,7 +88,7 @@ BAD_INPUTS = len(CONVERSATION_FILES) + len(PROMPT_FILES) + len(NOT_A_MODEL) + le
 
 
 def test_bad_input_count():
-    assert BAD_INPUTS == 22  # the count README and the closing note quote
+    assert BAD_INPUTS == 22  # the count docs/robustness.md quotes
 
 
 def test_input_errors_exit_2_with_one_line(capsys):

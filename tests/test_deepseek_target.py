@@ -308,7 +308,8 @@ def test_export_keys_match_a_published_kimi_drafter():
     rule = layer_id_rule("KimiK25ForConditionalGeneration")
     ids = "eagle_aux_hidden_state_layer_ids"
     assert rule.from_sglang(ours["eagle_config"][ids]) == rule.from_sglang(public["eagle_config"][ids])
-    # differences by decision (README "DeepSeek-V3 / Kimi targets"): head_dim is hidden / heads
+    # differences by decision (docs/scale-out.md, "DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 targets"):
+    # head_dim is hidden / heads
     # (theirs 128: settable); RoPE and context are the target's (theirs: theta 1e6, no scaling,
     # a Qwen config's); model_type llama so transformers can read ours (theirs: kimi_k2)
     assert (ours["head_dim"], public["head_dim"]) == (112, 128)

@@ -20,7 +20,7 @@ import yaml
 
 from eagle3.core.params import Params, TargetParams
 from eagle3.data.extract import capture_rows, select_conversations
-from eagle3.data.store import FeatureStore
+from eagle3.data.store import FeatureStore, Sample
 from eagle3.train.online import disagreement, prefetched
 from eagle3.verifier.load import has_chat_template, load_target
 from eagle3.verifier.render import Rendered
@@ -169,3 +169,43 @@ def test_online_training_writes_the_offline_drafter_and_resumes_to_it(offline):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "train: resuming" in done.stderr and "at step 0 " not in done.stderr
     assert drafter_bytes(project) == stored_drafter
+
+
+def test_the_recheck_refuses_drifted_features():
+    """What the sampled re-check catches: a shifted position, another layer, all-zero rows, a
+    different best token; bf16 rounding of the same rows passes."""
+    g = torch.Generator().manual_seed(0)
+    ids, mask = torch.arange(12, dtype=torch.int32), torch.ones(12, dtype=torch.uint8)
+    aux, last = torch.randn(12, 3 * 16, generator=g), torch.randn(12, 16, generator=g)
+    good = Sample(ids, mask, aux.bfloat16(), last.bfloat16())
+    assert disagreement(good, Sample(ids, mask, (aux * 1.001).bfloat16(), last.bfloat16())) is None
+    shifted = Sample(ids, mask, aux.roll(1, 0).bfloat16(), last.bfloat16())
+    assert "aux_hidden worst row cosine" in disagreement(good, shifted)
+    zero = last.clone()
+    zero[5] = 0
+    assert "all-zero rows (first at position 5)" in disagreement(
+        good, Sample(ids, mask, aux.bfloat16(), zero.bfloat16())
+    )
+    top = torch.randint(0, 100, (12, 4), generator=g)
+    a = Sample(ids, mask, aux.bfloat16(), target_topk_ids=top, target_topk_logprobs=torch.zeros(12, 4))
+    b = Sample(ids, mask, aux.bfloat16(), target_topk_ids=top + 1, target_topk_logprobs=torch.zeros(12, 4))
+    assert "best token agrees on 0.000" in disagreement(a, b)
+
+
+@pytest.mark.timeout(1800)
+def test_online_under_torchrun_writes_the_two_process_offline_drafter(offline):
+    """train.num_processes 2 (torchrun, gloo): each rank computes its own rows' features, and the
+    drafter equals the one two ranks train from the store."""
+    project = offline[0]
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["train"] |= {"num_processes": 2, "batch_size": 2}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    trained = {}
+    for mode in ("store", "online"):
+        set_features(project, mode)
+        faults.remove(project, [DRAFTER, CHECKPOINTS])
+        for stage in ("extract", "vocab_map", "train"):
+            faults.must_run(project, stage)
+        trained[mode] = drafter_bytes(project)
+        assert json.loads((project / "metrics/train.json").read_text())["processes"] == 2
+    assert trained["online"] == trained["store"]

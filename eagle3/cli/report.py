@@ -27,7 +27,7 @@ TABLE = (
     ("size", lambda e: str(e.draft_vocab_size)),
     ("coverage", lambda e: _fmt(e.number("coverage"), ".4f")),
     ("lm_head params", lambda e: _fmt(e.number("lm_head_params"), ",.0f")),
-    # what the size costs, from `eagle3 plan` on the row's own params (README "Plan a run")
+    # what the size costs, from `eagle3 plan` on the row's own params (docs/scale-out.md "Plan a run")
     ("trainable params (plan)", lambda e: _fmt(_planned(e, "trainable"), ",.0f")),
     ("draft GFLOP/step (plan)", lambda e: _fmt(_planned(e, "draft_gflop"), ".3f")),
     ("acceptance length [95% CI]", lambda e: _ci(e, "acceptance_length")),
@@ -251,7 +251,7 @@ def _markdown(experiments: list[Experiment], verdict_: Verdict, plots: list[Path
     lines += [
         "",
         "Costs per size are `eagle3 plan -S vocab.size=K` on each row's params (drafter parameters and "
-        'one draft step\'s FLOPs; storage, memory and steps: README "Plan a run").',
+        'one draft step\'s FLOPs; storage, memory and steps: docs/scale-out.md "Plan a run").',
     ]
     lines += ["", "Measured on:", ""] + [f"- {m}: {', '.join(names)}" for m, names in _machines(experiments)]
     lines.append("")
