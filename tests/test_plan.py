@@ -204,11 +204,15 @@ def _kimi_features(tokens: int = 17_300_000, rate: float | None = None, **sectio
 def test_features_store_against_online_disk_and_forwards():
     tokens = 17_300_000
     f = _kimi_features(tokens)
-    store, online = f["modes"]["store"], f["modes"]["online"]
-    assert list(f["modes"]) == ["store", "online"]  # both, whatever extract.features says
+    store, fp8, online = f["modes"]["store"], f["modes"]["fp8 store"], f["modes"]["online"]
+    assert list(f["modes"]) == ["store", "fp8 store", "online"]  # all, whatever extract.features says
     # store: every token's (3H + H) x 2 bytes plus ids and mask, the 924 GiB reported
     assert store["disk_bytes_per_token"] == 4 * 7168 * 2 + IDS_MASK_BYTES
     assert close(store["disk_bytes"] / 2**30, 924.0)
+    # the fp8 store: (3H + H) x 1 bytes and a float32 scale per token for aux and last rows
+    assert fp8["disk_bytes_per_token"] == 4 * 7168 + 2 * 4 + IDS_MASK_BYTES == 28_690
+    assert (fp8["target_passes"], fp8["target_flops"]) == (1, store["target_flops"])
+    assert fp8["in_flight_bytes_per_process"] == 0 and fp8["target_weights_bytes_in_trainer"] == 0
     # online keeps the tokens only: ids + mask, no feature byte
     assert online["disk_bytes_per_token"] == IDS_MASK_BYTES == 10
     assert online["disk_bytes"] == tokens * IDS_MASK_BYTES
@@ -241,6 +245,24 @@ def test_features_mark_the_configured_mode():
     assert marked(_kimi_features()) == ["store"] and _kimi_features()["configured"] == "store"
     online = _kimi_features(extract={"features": "online"})
     assert marked(online) == ["online"] and online["configured"] == "online"
+    assert marked(_kimi_features(extract={"store_dtype": "float8_e4m3fn"})) == ["fp8 store"]
+
+
+def test_fp8_store_bytes_are_the_extracted_manifests():
+    """SmolLM2 (H 576): the manifest's bytes_per_token (tests/test_fp8_store.py, a real
+    extraction: 4,613 bf16, 2,317 fp8) plus the token file's ids and mask (5)."""
+    smollm2 = {
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "vocab_size": 49152, "intermediate_size": 1536, "max_position_embeddings": 8192,
+    }  # fmt: skip
+    modes = plan(Params(), smollm2, tokens=1000)["features"]["modes"]
+    assert modes["store"]["disk_bytes_per_token"] == 4613 + 5
+    assert modes["fp8 store"]["disk_bytes_per_token"] == 2317 + 5
+    sglang = parse_params({"extract": {"backend": "sglang", "sglang_url": "http://a:1"}})
+    top20 = plan(sglang, smollm2, tokens=1000)["features"]["modes"]
+    # a top-N store: only aux rows are quantized (one scale a token); the top-N stays as it is
+    assert top20["fp8 store"]["disk_bytes_per_token"] == 3 * 576 + 4 + 20 * 8 + IDS_MASK_BYTES
+    assert top20["store"]["disk_bytes_per_token"] == 3 * 576 * 2 + 20 * 8 + IDS_MASK_BYTES
 
 
 def test_prefetch_memory_scales_with_the_queue_not_the_data():
@@ -288,12 +310,13 @@ def test_target_weight_count_is_the_real_models():
     assert target_weight_count(mla.to_dict()) > target_flops_per_token(mla.to_dict())["total"] / 2
 
 
-def test_plan_command_prints_both_feature_modes(capsys, monkeypatch):
+def test_plan_command_prints_every_feature_mode(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal's width
     args = ["plan", "--target", str(KIMI), "--tokens", "17300000", "--world", "8"]
     assert cli(args + ["-S", "extract.features=online"]) == 0
     out = capsys.readouterr().out
     assert "Features: store against online" in out and "online *" in out and "store *" not in out
+    assert "fp8 store" in out and "28,690" in out and "57,354" in out
     assert "server-hours at 10,000 tok/s" in out and "assume 10,000 tokens/s per target server" in out
     assert cli(args + ["--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -15,12 +15,12 @@ activations use the coefficients of `eagle3.train.prepare.estimate_peak_gib`. FL
 matmuls only (2 per multiply-add), forward, attention over the context left out (it grows with
 the context for the target and the drafter alike).
 
-Features, store against online (`extract.features`): both are planned whatever is configured.
-What each keeps on disk, how often the target runs over every token (store: once, at
-extraction; online: once per epoch), those forwards in FLOPs and in server-hours at an assumed
-throughput (`SERVER_TOKENS_PER_S`, an input: nothing here measured a GPU server), and what each
-adds to a training process's memory (online: the prefetch queue, and the target itself for the
-in-process hf backend).
+Features, store against online (`extract.features`; a store in bf16 or fp8,
+`extract.store_dtype`): all are planned whatever is configured. What each keeps on disk, how
+often the target runs over every token (store: once, at extraction; online: once per epoch),
+those forwards in FLOPs and in server-hours at an assumed throughput (`SERVER_TOKENS_PER_S`, an
+input: nothing here measured a GPU server), and what each adds to a training process's memory
+(online: the prefetch queue, and the target itself for the in-process hf backend).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, resolve_aux_layers
+from eagle3.data.store import FP8, feature_bytes_per_token
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.export import load_drafter_config
 from eagle3.sglang.servers import store_format
@@ -65,23 +66,25 @@ SERVER_TOKENS_PER_S = 10_000.0
 
 @dataclass(frozen=True)
 class FeatureMode:
-    """One way the drafter gets the target's features (a value of extract.features): the bytes it
-    keeps on disk per token, given the feature bytes per token of the selected store format, and
-    how many forwards of the target over every token a run of `epochs` epochs pays."""
+    """One way the drafter gets the target's features (a value of extract.features, and for a
+    store the extract.store_dtype its hidden states are kept in): what it keeps on disk per token
+    (ids and mask, and the features in `store_dtype`) and how many forwards of the target over
+    every token a run of `epochs` epochs pays."""
 
     name: str
-    disk_bytes_per_token: Callable[[int], int]
+    features: str
+    store_dtype: str | None  # None: no features on disk
     target_passes: Callable[[int], int]
     # features computed while training: a bounded queue of batches in flight per process, and a
     # target that runs beside the trainer (in-process for hf)
     computed_while_training: bool
 
 
-# The storage column of the plan: one entry per way of keeping features. A store of another
-# layout (fp8 rows with a per-token scale, say) is one more entry here.
+# The storage column of the plan: one entry per way of keeping features.
 FEATURE_MODES = (
-    FeatureMode("store", lambda features: features + IDS_MASK_BYTES, lambda epochs: 1, False),
-    FeatureMode("online", lambda features: IDS_MASK_BYTES, lambda epochs: epochs, True),
+    FeatureMode("store", "store", "bfloat16", lambda epochs: 1, False),
+    FeatureMode("fp8 store", "store", FP8, lambda epochs: 1, False),  # fp8 rows + a float32 scale each
+    FeatureMode("online", "online", None, lambda epochs: epochs, True),
 )
 
 
@@ -197,14 +200,14 @@ def draft_step_flops(cfg: DrafterConfig) -> dict[str, float]:
     return {"draft_step": step, "fc_per_verified_token": 2.0 * 3 * cfg.target_hidden_size * cfg.hidden_size}
 
 
-def store_bytes_per_token(hidden: int, top_n: int) -> dict[str, int]:
-    """Bytes the feature store keeps per token (eagle3/data/store.py): aux_hidden bf16 [3H] with
-    last_hidden bf16 [H] (final_state) or N x (id int32 + logprob float32) (top-N logprobs),
-    plus input_ids and loss_mask in the shards and again in the token file."""
-    aux = 3 * hidden * 2
+def store_bytes_per_token(hidden: int, top_n: int, dtype: str = "bfloat16") -> dict[str, int]:
+    """Bytes the feature store keeps per token (eagle3/data/store.py): aux_hidden [3H] with
+    last_hidden [H] (final_state) or N x (id int32 + logprob float32) (top-N logprobs), the
+    hidden states in bf16 or (`dtype` float8_e4m3fn) fp8 with a float32 scale per row, plus
+    input_ids and loss_mask in the shards and again in the token file."""
     return {
-        "final_state": aux + hidden * 2 + IDS_MASK_BYTES,
-        "top_logprobs": aux + top_n * 8 + IDS_MASK_BYTES,
+        "final_state": feature_bytes_per_token(hidden, dtype) + IDS_MASK_BYTES,
+        "top_logprobs": feature_bytes_per_token(hidden, dtype, top_n) + IDS_MASK_BYTES,
     }
 
 
@@ -252,7 +255,7 @@ def training_memory(
 def feature_modes(
     params: Params,
     target: dict[str, Any],
-    feature_bytes: int,
+    feature_bytes: dict[str, int],
     tokens: int,
     world: int,
     server_tokens_per_s: float = SERVER_TOKENS_PER_S,
@@ -260,7 +263,7 @@ def feature_modes(
     """Every FEATURE_MODES entry side by side for a run over `tokens` tokens: disk, the target's
     forwards (count, FLOPs, server-hours at `server_tokens_per_s`) and the memory each adds to a
     training process. `feature_bytes` is what one token's features take in the selected store
-    format (aux rows and last_hidden or top-N, no ids or mask)."""
+    format (aux rows and last_hidden or top-N, no ids or mask), by store dtype."""
     if server_tokens_per_s <= 0:
         raise InputError(f"plan: server tokens/s must be above 0 (got {server_tokens_per_s})")
     ex, tr = params.extract, params.train
@@ -268,16 +271,17 @@ def feature_modes(
     # each process prefetches its own rows of the global batch (train.batch_size / devices), as
     # stored (bf16; a float32 train.dtype holds them in float32), beyond the batch being trained
     rows = math.ceil(tr.batch_size / world)
-    queue = ex.prefetch_batches * rows * tr.seq_len * feature_bytes
+    queue = ex.prefetch_batches * rows * tr.seq_len * feature_bytes["bfloat16"]
     dtype_bytes = {"float32": 4, "float64": 8}.get(params.target.dtype, 2)  # auto: bf16 on a GPU
     in_process = ex.backend == "hf"  # sglang: the servers hold the target, not the trainer
     modes = {}
     for mode in FEATURE_MODES:
-        per_token = mode.disk_bytes_per_token(feature_bytes)
+        per_token = IDS_MASK_BYTES + (feature_bytes[mode.store_dtype] if mode.store_dtype else 0)
         passes = mode.target_passes(tr.epochs)
         live = mode.computed_while_training
         modes[mode.name] = {
-            "configured": mode.name == ex.features,
+            "configured": mode.features == ex.features and mode.store_dtype in (None, ex.store_dtype),
+            "store_dtype": mode.store_dtype,
             "computed_while_training": live,
             "disk_bytes_per_token": per_token,
             "disk_bytes": per_token * tokens,
@@ -296,7 +300,8 @@ def feature_modes(
         "backend": ex.backend,
         "tokens": tokens,
         "epochs": tr.epochs,
-        "feature_bytes_per_token": feature_bytes,
+        "feature_bytes_per_token": feature_bytes["bfloat16"],
+        "feature_bytes_per_token_fp8": feature_bytes[FP8],
         "server_tokens_per_s": server_tokens_per_s,
         "target_flops_per_token": flops_per_token,
         "prefetch": {
@@ -346,6 +351,7 @@ def plan(
         )
     token_count = tokens or params.data.num_samples * params.data.max_length
     per_token = store_bytes_per_token(h, params.extract.sglang_top_logprobs)
+    fp8_per_token = store_bytes_per_token(h, params.extract.sglang_top_logprobs, FP8)
     flops_target = target_flops_per_token(target)
     flops_draft = draft_step_flops(cfg)
     shape = {key: getattr(cfg, key) for key in SHAPE_KEYS}
@@ -393,7 +399,10 @@ def plan(
         "features": feature_modes(
             params,
             target,
-            per_token[store_format(params.extract)] - IDS_MASK_BYTES,
+            {
+                "bfloat16": per_token[store_format(params.extract)] - IDS_MASK_BYTES,
+                FP8: fp8_per_token[store_format(params.extract)] - IDS_MASK_BYTES,
+            },
             token_count,
             world,
             server_tokens_per_s,
@@ -443,7 +452,8 @@ def _flop(n: float) -> str:
 
 
 def print_features(f: dict, console: Any) -> None:
-    """Store against online side by side (every FEATURE_MODES entry), the configured one marked."""
+    """Stores (bf16, fp8) against online side by side (every FEATURE_MODES entry), the configured
+    one marked."""
     from rich.table import Table  # noqa: PLC0415
 
     modes, q = f["modes"], f["prefetch"]

@@ -97,6 +97,9 @@ class ExtractParams(Section):
     # target while it trains (in-process for hf, from extract.sglang_url for sglang), paying
     # the target's forward again every epoch (eagle3/train/online.py).
     features: Literal["store", "online"] = "store"
+    # store: hidden states kept as bfloat16, or as float8_e4m3fn with a float32 scale per token
+    # and tensor (half the bytes; read back as bf16: eagle3/data/store.py, docs/features.md).
+    store_dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"
     # online: training batches whose features are computed ahead of the drafter's step (the
     # bounded prefetch queue: peak memory grows with it, not with the data).
     prefetch_batches: int = Field(default=2, ge=1, le=64)
@@ -125,6 +128,15 @@ class ExtractParams(Section):
         if bad:
             raise ValueError(f"server addresses must start with http:// or https:// (bad: {', '.join(bad)})")
         return urls
+
+    @model_validator(mode="after")
+    def _fp8_needs_a_store(self) -> ExtractParams:
+        if self.store_dtype != "bfloat16" and self.features == "online":
+            raise ValueError(
+                f"store_dtype {self.store_dtype} shrinks stored hidden states, and features: online "
+                "stores none: set store_dtype: bfloat16 or features: store"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sglang_needs_urls(self) -> ExtractParams:

@@ -32,6 +32,7 @@ from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.store import (
     SCHEMA_VERSION,
     Sample,
+    feature_bytes_per_token,
     finish_shards,
     resume_shards,
     work_folder,
@@ -318,7 +319,7 @@ def run_extraction(
                 continue
             if stop_after_shards is not None and index >= stop_after_shards:
                 return {"interrupted_after": index}
-            done[index] = write_shard(work, index, compute(group, advance))
+            done[index] = write_shard(work, index, compute(group, advance), params.extract.store_dtype)
             write_journal(work, key, [done[i] for i in sorted(done)])
     if stats is not None:
         stats.update(computed_tokens=tokens_done, computed_seconds=time.perf_counter() - started)
@@ -333,21 +334,25 @@ def run_extraction(
             masks.append(f.get_tensor("loss_mask"))
             offsets.append(f.get_tensor("offsets")[1:] + offsets[-1][-1])
     write_tokens(out_dir, torch.cat(ids), torch.cat(masks), torch.cat(offsets))
+    dtype = params.extract.store_dtype  # float8_e4m3fn: fp8 rows + a float32 scale each (store.py)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "fingerprint": fingerprint,
         "aux_layers": list(aux_layers),
-        "dtype": "bfloat16",
+        "dtype": dtype,
         "hidden_size": hidden_size,
         "num_samples": len(selected),
         "num_tokens": sum(s["tokens"] for s in shards),
         "num_loss_tokens": int(sum(int(m.sum()) for m in masks)),
-        "bytes_per_token": (3 + 1) * hidden_size * 2 + 4 + 1,
+        "bytes_per_token": feature_bytes_per_token(hidden_size, dtype) + 4 + 1,
         "data": params.data.model_dump(),
         "shards": shards,
     }
     if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
-        manifest |= {"target_topk": topk, "bytes_per_token": 3 * hidden_size * 2 + topk * 8 + 4 + 1}
+        manifest |= {
+            "target_topk": topk,
+            "bytes_per_token": feature_bytes_per_token(hidden_size, dtype, topk) + 4 + 1,
+        }
     if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
         manifest |= {"features": "online", "bytes_per_token": 4 + 1}
     manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum

@@ -9,7 +9,12 @@ Layout of `artifacts/extract/`:
                            target_topk_logprobs float32 [N, n] instead of last_hidden: row t
                            is the target's top-n prediction of token t + 1, best first; an
                            online store (manifest `features`: "online") holds the tokens only
-                           (input_ids, loss_mask, offsets): training computes the features
+                           (input_ids, loss_mask, offsets): training computes the features.
+                           An fp8 store (extract.store_dtype: float8_e4m3fn, manifest "dtype")
+                           holds aux_hidden and last_hidden as float8_e4m3fn with one float32
+                           scale per row beside each (aux_scale [N], last_scale [N]): row amax /
+                           448, 1 for a zero row; quantized from the bf16 rows, so the same
+                           features give the same bytes. Reads return bf16 (fp8 x scale)
   tokens.safetensors       input_ids, loss_mask and offsets of all samples, so vocab-map
                            never reads hidden states
   manifest.json            schema version, target fingerprint, aux layer ids, dtype, and per
@@ -53,6 +58,11 @@ FEATURE_KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
 TOPK_KEYS = ("input_ids", "loss_mask", "aux_hidden", "target_topk_ids", "target_topk_logprobs")
 TOKEN_KEYS = ("input_ids", "loss_mask")  # an online store: features are computed while training
 SHARD_NAME = re.compile(r"shard-(\d{5})\.safetensors")
+FP8 = "float8_e4m3fn"
+STORE_DTYPES = ("bfloat16", FP8)  # extract.store_dtype: how hidden states are kept
+FP8_MAX = 448.0  # the largest float8_e4m3fn value: a row's amax is stored as it
+SCALES = {"aux_hidden": "aux_scale", "last_hidden": "last_scale"}  # an fp8 store's row scales
+QUANTIZE_ROWS = 4096  # rows quantized at a time: float32 copies of a chunk, not of a whole shard
 RERUN = "re-run the extract stage (dvc repro extract): it recomputes only what is damaged"
 
 
@@ -116,11 +126,52 @@ def check_finite(index: int, samples: list[Sample]) -> None:
                 )
 
 
-def write_shard(folder: Path, index: int, samples: list[Sample]) -> dict:
-    """Write one complete shard atomically and return its manifest entry."""
-    check_finite(index, samples)
+def feature_bytes_per_token(hidden: int, dtype: str = "bfloat16", target_topk: int | None = None) -> int:
+    """Bytes of one token's features in a shard (no ids or mask): aux_hidden [3H] with last_hidden
+    [H], or with the top-N (id int32 + logprob float32); bf16 rows, or fp8 rows and a float32
+    scale per row."""
+    fp8 = dtype == FP8
+    rows = 3 * hidden * (1 if fp8 else 2) + (4 if fp8 else 0)
+    if target_topk:
+        return rows + target_topk * 8
+    return rows + hidden * (1 if fp8 else 2) + (4 if fp8 else 0)
+
+
+def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float8_e4m3fn rows and their float32 scales (row amax / 448; 1 where that is 0, so a zero
+    row stays zero) of bf16 rows [N, D]: element-wise float32 arithmetic, the same bytes on
+    every run and whatever the chunking."""
+    fp8 = torch.empty(rows.shape, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(rows.shape[0], dtype=torch.float32)
+    for lo in range(0, rows.shape[0], QUANTIZE_ROWS):
+        part = rows[lo : lo + QUANTIZE_ROWS].float()
+        scale = part.abs().amax(-1) / FP8_MAX
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        fp8[lo : lo + QUANTIZE_ROWS] = (
+            (part / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        )
+        scales[lo : lo + QUANTIZE_ROWS] = scale
+    return fp8, scales
+
+
+def dequantize_rows(fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """bf16 rows of an fp8 store: fp8 -> float32 x the row's scale -> bf16."""
+    return (fp8.float() * scales[:, None]).to(torch.bfloat16)
+
+
+def write_shard(folder: Path, index: int, samples: list[Sample], dtype: str = "bfloat16") -> dict:
+    """Write one complete shard atomically and return its manifest entry. `dtype`
+    (extract.store_dtype) float8_e4m3fn stores the hidden states quantized per row (SCALES)."""
+    if dtype not in STORE_DTYPES:
+        raise ValueError(f"store dtype {dtype!r} is none of {', '.join(STORE_DTYPES)}")
+    check_finite(index, samples)  # on the bf16 rows, before anything is quantized
     path = folder / shard_name(index)
-    write_bytes(path, save_tensors(pack(samples)))
+    tensors = pack(samples)
+    if dtype == FP8:
+        for key, scale in SCALES.items():
+            if key in tensors:  # a top-N store has no last_hidden, an online one no states
+                tensors[key], tensors[scale] = quantize_rows(tensors[key])
+    write_bytes(path, save_tensors(tensors))
     return {
         "file": path.name,
         "samples": len(samples),
@@ -248,6 +299,11 @@ class FeatureStore:
         ):
             raise CorruptStoreError(f"{path}: 'shards' is not a list of file/samples/sha256 entries; {RERUN}")
         self.keys = TOKEN_KEYS if self.online else TOPK_KEYS if self.target_topk else FEATURE_KEYS
+        self.dtype = self.manifest.get("dtype", "bfloat16")  # stores built in code may not say
+        if self.dtype not in STORE_DTYPES:
+            raise CorruptStoreError(
+                f"{path}: dtype {self.dtype!r} is none of {', '.join(STORE_DTYPES)}; {RERUN}"
+            )
         self._starts = [0]
         for shard in self.shards:
             self._starts.append(self._starts[-1] + shard["samples"])
@@ -311,7 +367,15 @@ class FeatureStore:
         handle, offsets = self._shard(shard)
         local = i - self._starts[shard]
         lo, hi = offsets[local], offsets[local + 1]
-        return {key: handle.get_slice(key)[lo:hi] for key in self.keys}
+        if self.dtype != FP8:
+            return {key: handle.get_slice(key)[lo:hi] for key in self.keys}
+        # the same keys and dtypes as a bf16 store's: readers never see the fp8 rows or scales
+        return {
+            key: dequantize_rows(handle.get_slice(key)[lo:hi], handle.get_slice(SCALES[key])[lo:hi])
+            if key in SCALES
+            else handle.get_slice(key)[lo:hi]
+            for key in self.keys
+        }
 
     def tokens(self) -> dict[str, torch.Tensor]:
         """input_ids, loss_mask and offsets of all samples, checked against the manifest first."""
