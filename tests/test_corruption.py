@@ -199,9 +199,9 @@ def test_vocab_mapping_from_another_run_is_refused_until_vocab_map_reruns(smollm
     assert "was counted from other features" in stage_failure(stages.train.main, project, capsys)
     with inside(project):  # the repair: vocab-map again, then train accepts its inputs
         stages.vocab_map.main()
-        inputs = stages.train.prepare(load_params())
+        inputs, online = stages.train.prepare(load_params())
     assert {p.name: p.read_bytes() for p in mapping.iterdir()} == ours
-    assert len(inputs.store) == 3 and len(inputs.d2t) == 64
+    assert len(inputs.store) == 3 and len(inputs.d2t) == 64 and online is None
 
 
 def test_tokenizer_that_no_longer_matches_the_features_is_refused(project, capsys):
@@ -262,7 +262,8 @@ def test_checkpoints_load_weights_only_and_damage_or_other_params_are_not_resume
     first, err, whole = resume("other params", key="other")
     assert first == 1 and f"{tmp_path / 'other params' / CHECKPOINT} was written for other params" in err
     first, err, state = resume("intact")
-    assert (first, err) == (3, "")  # really resumed after step 2, and bitwise the same result
+    resumed = f"train: resuming {tmp_path / 'intact' / CHECKPOINT} at step 2 "
+    assert first == 3 and err.startswith(resumed)  # really resumed after step 2, and bitwise the same result
     assert all(torch.equal(state[k], whole[k]) for k in whole)
     for case, why in (("truncated", "is damaged ("), ("flipped byte", "its content differs")):
         first, err, state = resume(case)

@@ -85,7 +85,7 @@ class ExtractParams(Section):
     # The aux mode returns no final-norm state, so the target's own prediction, which training
     # needs, comes either from the same request's top-N logprobs (sglang_target: top_logprobs,
     # N = sglang_top_logprobs) or from a second kind of server (final_state: sglang_final_url,
-    # servers of the same target with --enable-return-hidden-states only; README "Scale-out").
+    # servers of the same target with --enable-return-hidden-states only; docs/scale-out.md).
     sglang_url: str | list[str] | None = None
     sglang_target: Literal["top_logprobs", "final_state"] = "top_logprobs"
     sglang_top_logprobs: int = Field(default=20, ge=1, le=1024)
@@ -144,7 +144,7 @@ class ExtractParams(Section):
             return self
         if not self.sglang_url:
             raise ValueError(
-                "backend 'sglang' needs sglang_url (servers in aux hidden-state mode); see README 'Scale-out'"
+                "backend 'sglang' needs sglang_url (servers in aux hidden-state mode); see docs/scale-out.md"
             )
         if self.sglang_target == "final_state" and not self.sglang_final_url:
             raise ValueError(
@@ -243,7 +243,7 @@ class TrainParams(Section):
 class EvalParams(Section):
     # hf: the project's own engine over transformers. sglang: SGLang's own speculative decoding
     # (EAGLE-3 with the drafter, NGRAM as the peer, a plain server as the baseline), measured in
-    # the same schema (eagle3/sglang/evaluate.py; README "Speculative-eval on SGLang").
+    # the same schema (eagle3/sglang/evaluate.py; docs/scale-out.md "Speculative-eval on SGLang").
     backend: Literal["hf", "sglang"] = "hf"
     # sglang: running servers (the plain baseline, EAGLE-3 with eval.drafter, NGRAM when
     # eval.prompt_lookup), or null = the stage starts them with eval.sglang_python
