@@ -1,16 +1,17 @@
 """Offline against online features, one run after the other on this machine: the real stages in
 a scratch project, each stage in its own process.
 
-    python -m bench.online [--preset curve] [-S data.num_samples=2900 ...] [--eval] [--workdir DIR]
+    python -m bench.online [--preset curve] [-S data.num_samples=2900 ...] [--modes store,online]
+                           [--eval] [--workdir DIR]
 
-Offline: patch-check, extract (features stored), vocab-map, train. Online (extract.features:
-online): extract (tokens only), vocab-map, train (features computed while training). Prints
-per mode the bytes the extraction left on disk, extract and train wall time, training tokens/s,
-the train stage's peak RSS, held-out top-1 and the drafter's md5; then the ratios: online
-train time against offline extract + train, online throughput against the no-overlap bound
-1 / (1/extract rate + 1/train rate) per trained token, and online against offline peak RSS.
-With --eval, speculative-eval (the params' eval section) runs on the offline drafter, and on
-the online one too when its bytes differ.
+Modes, run in the order given after dtypes and patch-check: store (extract.features: store, the
+bf16 store), fp8 (a store with extract.store_dtype: float8_e4m3fn), online (tokens only; train
+computes the features). Each runs extract, vocab-map and train. Prints per mode the bytes the
+extraction left on disk, extract and train wall time, training tokens/s, the train stage's peak
+RSS, held-out top-1 and the drafter's md5; then each mode against the first: train time against
+its extract + train, throughput per trained token against the no-overlap bound
+1 / (1/extract rate + 1/train rate), disk and peak RSS. With --eval, speculative-eval (the
+params' eval section) runs on each distinct drafter (by md5).
 """
 
 from __future__ import annotations
@@ -75,9 +76,17 @@ def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
 
 
+MODES = {
+    "store": {"features": "store", "store_dtype": "bfloat16"},
+    "fp8": {"features": "store", "store_dtype": "float8_e4m3fn"},
+    "online": {"features": "online", "store_dtype": "bfloat16"},
+}
+
+
 def set_features(project: Path, mode: str) -> None:
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["extract"]["features"] = mode
+    params["extract"] |= MODES[mode]
+    params["eval"]["drafter"] = None  # the train stage's
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -123,9 +132,13 @@ def main() -> None:
     )
     parser.add_argument("--preset", help="a presets/NAME.yaml applied first (e.g. curve)")
     parser.add_argument("-S", "--set-param", action="append", default=[], metavar="K=V")
+    parser.add_argument("--modes", default="store,online", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--eval", action="store_true", help="speculative-eval of the drafter(s) too")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/eagle3-bench-online"))
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if unknown := [m for m in modes if m not in MODES]:
+        parser.error(f"--modes: {', '.join(unknown)} unknown (allowed: {', '.join(MODES)})")
 
     overrides: dict[str, object] = {}
     if args.preset:
@@ -138,7 +151,7 @@ def main() -> None:
     project = make_project(args.workdir, overrides)
     for stage in ("dtypes", "patch_check"):
         run_stage(project, stage)
-    rows = [one_mode(project, "store"), one_mode(project, "online")]
+    rows = [one_mode(project, mode) for mode in modes]
     for r in rows:
         print(
             f"{r['mode']:>6}: extract {r['extract_s']:7.1f} s, {r['bytes'] / 2**20:9.1f} MiB on disk; "
@@ -147,23 +160,26 @@ def main() -> None:
             f"held-out top-1 {r['heldout_acc_0']:.4f}; drafter md5 {r['md5']}",
             flush=True,
         )
-    store, online = rows
-    trained = store["tokens"] * store["epochs"]
-    extract_rate = store["tokens"] / store["extract_s"]  # per training token: the store's tokens
-    train_rate = trained / store["train_s"]
-    bound = 1 / (1 / extract_rate + 1 / train_rate)
-    offline_s = store["extract_s"] + store["train_s"]
-    print(
-        f"online train / (offline extract + train): {online['train_s'] / offline_s:.3f}; "
-        f"online rate {trained / online['train_s']:,.0f} tok/s / no-overlap bound {bound:,.0f} = "
-        f"{trained / online['train_s'] / bound:.3f}; "
-        f"disk online/offline {online['bytes'] / store['bytes']:.5f}; "
-        f"peak RSS online/offline {online['peak_rss'] / store['peak_rss']:.2f}; "
-        f"same drafter bytes: {store['md5'] == online['md5']}",
-        flush=True,
-    )
+    first = rows[0]
+    trained = first["tokens"] * first["epochs"]
+    extract_rate = first["tokens"] / first["extract_s"]  # per training token: the store's tokens
+    bound = 1 / (1 / extract_rate + 1 / (trained / first["train_s"]))
+    for r in rows[1:]:
+        print(
+            f"{r['mode']} against {first['mode']}: train / ({first['mode']} extract + train) "
+            f"{r['train_s'] / (first['extract_s'] + first['train_s']):.3f}; "
+            f"rate {trained / r['train_s']:,.0f} tok/s / no-overlap bound {bound:,.0f} = "
+            f"{trained / r['train_s'] / bound:.3f}; disk {r['bytes'] / first['bytes']:.5f}; "
+            f"peak RSS {r['peak_rss'] / first['peak_rss']:.2f}; "
+            f"same drafter bytes: {r['md5'] == first['md5']}",
+            flush=True,
+        )
     if args.eval:
-        for r in rows if store["md5"] != online["md5"] else rows[:1]:
+        seen: set[str] = set()
+        for r in rows:
+            if r["md5"] in seen:
+                continue
+            seen.add(r["md5"])
             m = evaluate(project, r["drafter"])
             print(
                 f"speculative-eval ({r['mode']} drafter): acceptance {m['acceptance_length']:.3f} "

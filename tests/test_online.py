@@ -198,7 +198,7 @@ def test_online_under_torchrun_writes_the_two_process_offline_drafter(offline):
     drafter equals the one two ranks train from the store."""
     project = offline[0]
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["train"] |= {"num_processes": 2, "batch_size": 2}
+    params["train"] |= {"num_processes": 2, "batch_size": 2, "epochs": 1}  # one epoch shows it
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     trained = {}
     for mode in ("store", "online"):
