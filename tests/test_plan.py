@@ -108,18 +108,26 @@ def test_parameter_counts_are_the_real_drafters(fc_norm, head_trainable):
     assert counted["frozen"] == frozen_in_model + cfg.draft_vocab_size * cfg.target_hidden_size
 
 
-def test_target_flops_are_the_real_models_matmul_weights():
-    llama = LlamaConfig(
+def tiny_llama(**kw) -> LlamaConfig:
+    return LlamaConfig(
         vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=False,
+        num_key_value_heads=2, **kw,
     )  # fmt: skip
-    # every routed expert active, so all of the MoE's weights are the active ones
-    mla = DeepseekV3Config(
+
+
+def tiny_mla(**kw) -> DeepseekV3Config:
+    return DeepseekV3Config(
         vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
-        num_experts_per_tok=4, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
-        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1,
+        first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+        v_head_dim=8, n_group=1, topk_group=1, **kw,
     )  # fmt: skip
+
+
+def test_target_flops_are_the_real_models_matmul_weights():
+    llama = tiny_llama(tie_word_embeddings=False)
+    # every routed expert active, so all of the MoE's weights are the active ones
+    mla = tiny_mla(num_experts_per_tok=4)
     for config, model_class in ((llama, LlamaForCausalLM), (mla, DeepseekV3ForCausalLM)):
         model = model_class(config)
         matmul = sum(
@@ -291,18 +299,9 @@ def test_online_target_weights_are_in_the_trainer_for_hf_only():
 
 
 def test_target_weight_count_is_the_real_models():
-    llama = LlamaConfig(
-        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=True,
-    )  # fmt: skip
+    llama = tiny_llama(tie_word_embeddings=True)
     # two of four routed experts active: the weights held are more than those one token multiplies
-    mla = DeepseekV3Config(
-        vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
-        num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
-        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1,
-        tie_word_embeddings=False,
-    )  # fmt: skip
+    mla = tiny_mla(num_experts_per_tok=2, tie_word_embeddings=False)
     for config, model_class in ((llama, LlamaForCausalLM), (mla, DeepseekV3ForCausalLM)):
         model = model_class(config)
         weights = sum(p.numel() for p in model.parameters() if p.dim() >= 2)  # a tied one counted once

@@ -129,6 +129,12 @@ def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
+def token_sample(rendered: Rendered, **features: torch.Tensor) -> Sample:
+    """A sample of these tokens (copied: the rendering's arrays stay the caller's) and features."""
+    ids, mask = torch.from_numpy(rendered.input_ids.copy()), torch.from_numpy(rendered.loss_mask.copy())
+    return Sample(ids, mask, **features)
+
+
 @torch.no_grad()
 def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int]) -> list[Sample]:
     """One captured forward over samples of one length (token_batches groups them so)."""
@@ -140,9 +146,8 @@ def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int
         target.model.model(input_ids=ids, use_cache=False)
     aux, last = captured.aux_hidden(), captured.last
     return [
-        Sample(
-            input_ids=torch.from_numpy(r.input_ids.copy()),
-            loss_mask=torch.from_numpy(r.loss_mask.copy()),
+        token_sample(
+            r,
             aux_hidden=aux[row].to(torch.bfloat16).clone(),
             last_hidden=last[row].to(torch.bfloat16).clone(),
         )
@@ -237,9 +242,8 @@ def reference_sample(target: Target, rendered: Rendered, aux_layers: list[int]) 
     (what patch-check compares the capture with): online training's sampled re-check."""
     ids = torch.from_numpy(rendered.input_ids).long()[None]
     states = target.model.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
-    return Sample(
-        input_ids=torch.from_numpy(rendered.input_ids.copy()),
-        loss_mask=torch.from_numpy(rendered.loss_mask.copy()),
+    return token_sample(
+        rendered,
         aux_hidden=torch.cat([states[layer + 1][0] for layer in aux_layers], -1).to(torch.bfloat16),
         last_hidden=states[-1][0].to(torch.bfloat16),
     )
@@ -253,10 +257,7 @@ def tokens_only(compute: GroupFn, params: Params) -> GroupFn:
     def online(group: list[Selected], advance: Callable[[int, int], None]) -> list[Sample]:
         if params.data.regenerate:
             return [s.tokens_only() for s in compute(group, advance)]
-        samples = [
-            Sample(torch.from_numpy(r.input_ids.copy()), torch.from_numpy(r.loss_mask.copy()))
-            for r in (s.rendered for s in group)
-        ]
+        samples = [token_sample(s.rendered) for s in group]
         advance(len(group), sum(len(s.input_ids) for s in samples))
         return samples
 

@@ -43,9 +43,10 @@ def _call(url: str, body: dict | None, timeout: float, expect_json: bool = True)
             raw = response.read()
     except urllib.error.HTTPError as err:
         detail = err.read()[:300].decode(errors="replace")
-        kind = ServerUnavailable if err.code >= 500 else SGLangError
-        args = (_server_of(url),) if kind is ServerUnavailable else ()
-        raise kind(f"{url} answered HTTP {err.code}: {detail}", *args) from None
+        message = f"{url} answered HTTP {err.code}: {detail}"
+        if err.code >= 500:  # overloaded or restarting: worth waiting for
+            raise ServerUnavailable(message, _server_of(url)) from None
+        raise SGLangError(message) from None
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise ServerUnavailable(f"cannot reach {url}: {reason}", _server_of(url)) from None
