@@ -556,3 +556,38 @@ def test_the_target_argmax_is_kept_per_feature_store_and_trains_the_same_bytes(t
     warm = trainable_state(train_drafter(p, keyed, tmp_path / "b").drafter)
     uncached = trainable_state(train_drafter(p, inputs, tmp_path / "c").drafter)
     assert all(torch.equal(cold[k], warm[k]) and torch.equal(cold[k], uncached[k]) for k in cold)
+
+
+def test_a_run_sees_few_matmul_shapes_and_the_same_loss(tmp_path, monkeypatch):
+    """Batch widths and the head's row counts are padded to fixed multiples (each new shape made
+    oneDNN build and cache kernels, and peak RSS grew with the steps); the padding changes no loss."""
+    import eagle3.train.ttt as ttt_module
+    from eagle3.drafter.model import Eagle3Drafter
+    from eagle3.train.data import WIDTH_MULTIPLE
+
+    rows, widths = [], []
+    logits = Eagle3Drafter.logits
+
+    def recording(self, hidden):
+        rows.append(hidden.shape[0])
+        return logits(self, hidden)
+
+    monkeypatch.setattr(Eagle3Drafter, "logits", recording)
+    batch = BatchSource.batch
+
+    def recording_batch(self, *args, **kwargs):
+        made = batch(self, *args, **kwargs)
+        widths.append(made.input_ids.shape[1])
+        return made
+
+    monkeypatch.setattr(BatchSource, "batch", recording_batch)
+    p = tiny_params(epochs=2, seq_len=64)
+    padded = train_drafter(p, tiny_inputs(tmp_path / "a", p))
+    assert rows and all(n % ttt_module.ROW_MULTIPLE == 0 for n in rows)
+    assert widths and all(w % WIDTH_MULTIPLE == 0 for w in widths)  # samples are 13-37 tokens
+    monkeypatch.setattr(ttt_module, "ROW_MULTIPLE", 1)
+    rows.clear()
+    unpadded = train_drafter(p, tiny_inputs(tmp_path / "b", p))
+    assert len(set(rows)) > 2  # without it the count differs batch to batch
+    for a, b in zip(padded.curve, unpadded.curve, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)

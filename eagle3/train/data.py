@@ -24,6 +24,10 @@ from eagle3.train.argmax import target_argmax
 from eagle3.train.distributed import SINGLE_PROCESS, Dist
 
 POOL_BATCHES = 16  # batches per sorting pool: more = less padding, less randomness
+# Batches are padded to a multiple of this width, so a run sees at most seq_len / WIDTH_MULTIPLE
+# matmul shapes: every new shape makes oneDNN build and cache kernels (up to 1024), and their
+# churn fragments the heap, so peak RSS grew with the steps taken (see ttt.ROW_MULTIPLE).
+WIDTH_MULTIPLE = 32
 
 
 @dataclass
@@ -111,7 +115,8 @@ class BatchSource:
         return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
     def batch(self, samples: list[int], dtype: torch.dtype | None = None) -> Batch:
-        width = max(self.lengths[s] for s in samples)
+        longest = max(self.lengths[s] for s in samples)
+        width = min(-(-longest // WIDTH_MULTIPLE) * WIDTH_MULTIPLE, max(self.seq_len, longest))
         b = len(samples)
         ids = torch.zeros(b, width, dtype=torch.int64)
         mask = torch.zeros(b, width, dtype=torch.bool)

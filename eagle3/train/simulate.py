@@ -25,7 +25,7 @@ from torch import Tensor
 
 from eagle3.drafter.ttt_attention import TTTCache
 from eagle3.train.data import Batch
-from eagle3.train.ttt import TTTModel, shift_left, step_valid
+from eagle3.train.ttt import TTTModel, head_logits, shift_left, step_valid
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def accepted_lengths(
 
     cache = TTTCache()
     first = m(shift_left(batch.input_ids, 1), m.project(batch.aux_hidden), batch.position_ids, cache)
-    score1, draft1 = torch.log_softmax(m.logits(first[b, t]).float(), -1).topk(widest, -1)  # [N, W]
+    score1, draft1 = torch.log_softmax(head_logits(m, first, b, t).float(), -1).topk(widest, -1)  # [N, W]
     found1, at1 = _position_of(draft1, wanted[0])
     scores2 = drafts2 = None
     if deep:  # one TTT step per depth-1 alternative: its children, drafted from its own token
@@ -103,7 +103,7 @@ def accepted_lengths(
             alt = TTTCache()
             alt.k, alt.v = cache.k, cache.v  # the prefix keys of step 0, no earlier diagonal steps
             second = m(tokens, first, batch.position_ids + 1, alt)
-            s, d = torch.log_softmax(m.logits(second[b, t]).float(), -1).topk(widest, -1)
+            s, d = torch.log_softmax(head_logits(m, second, b, t).float(), -1).topk(widest, -1)
             scores2.append(s)
             drafts2.append(d)
         scores2, drafts2 = torch.stack(scores2, 1), torch.stack(drafts2, 1)  # [N, W, W]

@@ -30,6 +30,11 @@ from eagle3.drafter.model import Eagle3Drafter
 from eagle3.drafter.ttt_attention import TTTCache
 from eagle3.train.data import Batch
 
+# The head runs on the positions that count, padded to a multiple of this many rows: their
+# number differs every batch, and each new row count made oneDNN build and cache new kernels
+# whose churn fragmented the heap (peak RSS grew with the steps taken; docs/results.md).
+ROW_MULTIPLE = 64
+
 
 def shift_left(x: Tensor, n: int, fill: int | bool = 0) -> Tensor:
     """x[:, t + n] at index t (along dim 1), `fill` past the end."""
@@ -146,7 +151,7 @@ class TTTModel(nn.Module):
             hidden = m(ids, hidden, batch.position_ids + k, cache)
             b, t = valid[k].nonzero(as_tuple=True)
             if len(b):
-                logits = m.logits(hidden[b, t]).float()
+                logits = head_logits(m, hidden, b, t).float()
                 with torch.no_grad():
                     wanted, target_top1 = self._targets(batch, b, t + 1 + k, soft, target_logits)
                 step_loss = F.cross_entropy(logits, wanted, reduction="sum")
@@ -163,6 +168,15 @@ class TTTModel(nn.Module):
         if chains:
             return loss, stats, torch.stack(chain_hits, dim=-1) if chain_hits else None
         return loss, stats
+
+
+def head_logits(m: Eagle3Drafter, hidden: Tensor, b: Tensor, t: Tensor) -> Tensor:
+    """The drafter's logits at positions (b, t) of `hidden` [B, T, H]: computed on ROW_MULTIPLE
+    rows at a time (the last position repeated), the repeats dropped."""
+    short = -len(b) % ROW_MULTIPLE
+    if short:
+        b, t = torch.cat([b, b[-1:].expand(short)]), torch.cat([t, t[-1:].expand(short)])
+    return m.logits(hidden[b, t])[: len(b) - short]
 
 
 def acceptance_length(chain_hits: Tensor) -> Tensor:
