@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -591,3 +592,24 @@ def test_a_run_sees_few_matmul_shapes_and_the_same_loss(tmp_path, monkeypatch):
     assert len(set(rows)) > 2  # without it the count differs batch to batch
     for a, b in zip(padded.curve, unpadded.curve, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_a_checkpoint_of_other_training_code_is_not_resumed(tmp_path):
+    """`dvc repro` after a change to the training code must train again, not finish the old
+    run: the run key carries the code's digest, and only the training code's."""
+    shutil.copytree(REPO / "eagle3", tmp_path / "eagle3", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def code_key() -> str:
+        probe = "from eagle3.train.prepare import training_code_sha256 as f; print(f())"
+        done = subprocess.run(
+            [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    before = code_key()
+    with open(tmp_path / "eagle3/cli/report.py", "a") as f:
+        f.write("# not training code\n")
+    assert code_key() == before
+    with open(tmp_path / "eagle3/train/ttt.py", "a") as f:
+        f.write("# training code\n")
+    assert code_key() != before

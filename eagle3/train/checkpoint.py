@@ -4,8 +4,8 @@ A checkpoint holds the trainable weights, optimizer, scheduler, RNG states, the 
 (epoch, batch) and the history so far, so a resumed run replays exactly what the uninterrupted
 one did. It holds only tensors and plain Python values (the numpy RNG state is stored as a
 tensor), so it loads with `torch.load(weights_only=True)`: no pickled code runs from disk.
-It carries the sha256 of its content; a damaged checkpoint, or one of other params or inputs,
-is reported by name and not resumed (the run starts afresh and overwrites it).
+It carries the sha256 of its content; a damaged checkpoint, or one of other params, inputs or
+training code, is reported by name and not resumed (the run starts afresh and overwrites it).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def write_checkpoint(path: Path, state: dict) -> None:
 
 def read_checkpoint(path: Path, run_key: str) -> tuple[dict | None, str]:
     """(the checkpoint's state, "") when `path` is an intact checkpoint of this run, else
-    (None, why not): absent, unreadable or damaged, or written for other params or inputs."""
+    (None, why not): absent, unreadable or damaged, or written for other params, inputs or training code."""
     if not path.exists():
         return None, ""
     try:
@@ -100,5 +100,6 @@ def read_checkpoint(path: Path, run_key: str) -> tuple[dict | None, str]:
     if content is None or state.get("sha256") != digest(content):
         return None, f"{path} is damaged (its content differs from its sha256); starting afresh"
     if state["key"] != run_key:
-        return None, f"{path} was written for other params or inputs; not resumed, starting afresh"
+        why = "was written for other params, inputs or training code"
+        return None, f"{path} {why}; not resumed, starting afresh"
     return state, ""

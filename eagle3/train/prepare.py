@@ -8,6 +8,7 @@ lm_head and final norm. The loop takes what it returns as given.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from eagle3.vocab import MAPPING, load_mapping
 
 # Params that do not change the trained weights (a checkpoint stays valid across them).
 NOT_IN_KEY = ("checkpoint_every", "max_memory_gib")
+# The code that shapes the weights (features, drafter, loop): a checkpoint written by other code
+# is not resumed, or `dvc repro` after a change to it would finish the old run's drafter.
+TRAINING_CODE = ("data", "drafter", "train")
 
 
 @dataclass
@@ -119,10 +123,24 @@ def run_key(
 ) -> str:
     """The identity of a training run: the params that shape the weights, the config, the inputs."""
     train = {k: v for k, v in p.model_dump().items() if k not in NOT_IN_KEY}
-    material = {"train": train, "cfg": cfg.as_dict(), "features": features_sha256, "mapping": mapping_sha256}
+    material = {
+        "train": train,
+        "cfg": cfg.as_dict(),
+        "features": features_sha256,
+        "mapping": mapping_sha256,
+        "code": training_code_sha256(),
+    }
     if init_sha256 is not None:  # the warm-start drafter's files, not only its path
         material["init"] = init_sha256
     return sha256_json(material)
+
+
+@functools.cache
+def training_code_sha256() -> str:
+    """One digest of the training code's .py files (their paths in the package and bytes)."""
+    package = Path(__file__).resolve().parents[1]
+    files = sorted(f for folder in TRAINING_CODE for f in (package / folder).rglob("*.py"))
+    return sha256_json({str(f.relative_to(package)): sha256_file(f) for f in files})
 
 
 def warm_start_config(init: InitDrafter, base: DrafterConfig, p: TrainParams) -> DrafterConfig:
