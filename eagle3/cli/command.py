@@ -112,13 +112,20 @@ def experiments_command(args: argparse.Namespace) -> int:
     from eagle3.cli.compare import print_comparison
     from eagle3.cli.experiments import ExperimentsError, load_experiments, select
     from eagle3.cli.queue_workers import leftover_worker_warning
+    from eagle3.core.inputs import InputError
 
     if warning := leftover_worker_warning():
         Console(stderr=True).print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    plan_target = paired = None
     try:
+        if args.command == "report":  # read first: a bad file fails before `dvc exp show` runs
+            from eagle3.cli.report import Paired, PlanTarget
+
+            plan_target = PlanTarget.read(args.plan_target) if args.plan_target else None
+            paired = Paired.read(args.paired) if args.paired else None
         rows, where = load_experiments(args.source, args.json, args.all_commits, args.params)
         rows = select(rows, args.names, where)
-    except (ExperimentsError, ParamsError) as err:
+    except (ExperimentsError, ParamsError, InputError) as err:
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         return 2
     console = Console()
@@ -126,7 +133,7 @@ def experiments_command(args: argparse.Namespace) -> int:
     if args.command == "report":
         from eagle3.cli.report import write_report
 
-        verdict, files = write_report(rows, args.out)
+        verdict, files = write_report(rows, args.out, plan_target, paired)
         console.print(f"\n{verdict.paragraph}\n", highlight=False)
         console.print(f"report: {files[0]} and {files[1]} (plots: {len(files) - 2} PNGs in {args.out})")
     return 0
@@ -217,6 +224,18 @@ def main(argv: list[str] | None = None) -> int:
         exp_cmd.add_argument("--params", default="params.yaml", help="names the MLflow store and experiment")
         if name == "report":
             exp_cmd.add_argument("--out", default="report", help="folder for report.md, report.html, PNGs")
+            exp_cmd.add_argument(
+                "--plan-target",
+                metavar="TARGET",
+                help="also each size's planned cost on this target (as `eagle3 plan --target`: config.json, "
+                "HF folder or packaged name), and its ratio to the 32,768 row's",
+            )
+            exp_cmd.add_argument(
+                "--paired",
+                metavar="FILE",
+                help="`python -m bench.drafters ... --json FILE`: a paired-speedup column, and ties by the "
+                "paired intervals",
+            )
     plan_cmd = commands.add_parser(
         "plan", help="what a run will cost: drafter params, store bytes, training memory and steps, FLOPs"
     )

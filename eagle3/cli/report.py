@@ -2,6 +2,16 @@
 draft vocabulary size (coverage, acceptance length, draft step time, speedup), the best size
 marked, and one paragraph saying where coverage stops paying for draft cost; written as
 markdown with PNGs beside it and as one HTML file with the PNGs inside (no network needed).
+
+Two optional inputs (`eagle3 report --plan-target T --paired FILE`):
+
+- a plan target: what each row's draft vocabulary would cost on another target (`eagle3 plan` on
+  the row's params with that target, the size capped at its vocabulary, the drafter shape derived
+  from it), each cost also as a ratio against the 32,768 row (or the row nearest it);
+- `python -m bench.drafters ... --json FILE`: paired intervals of each drafter's speedup against
+  the first (the reference). A row takes the drafter whose folder name is its experiment name,
+  else the one drafter of its draft vocabulary size (the drafter's config.json); where a paired
+  interval joins two sizes the verdict ties them by it (contains 0) instead of by overlap.
 """
 
 from __future__ import annotations
@@ -10,11 +20,14 @@ import base64
 import functools
 import html
 import json
+import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.cli.experiments import Experiment
+from eagle3.core.inputs import InputError
 
 PLOTS = (
     ("coverage", "coverage", "Coverage of loss-masked tokens"),
@@ -22,7 +35,8 @@ PLOTS = (
     ("draft_ms_per_step", "draft ms per step", "Draft step time"),
     ("speedup", "speedup vs plain greedy", "Speedup (95% CI over prompts)"),
 )
-TABLE = (
+Column = tuple[str, Callable[[Experiment], str]]
+TABLE: tuple[Column, ...] = (
     ("experiment", lambda e: e.label),
     ("size", lambda e: str(e.draft_vocab_size)),
     ("coverage", lambda e: _fmt(e.number("coverage"), ".4f")),
@@ -44,12 +58,25 @@ def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+REFERENCE_SIZE = 32768  # the draft vocabulary the plan-target ratios are taken against (Kimi-K2.5's 32K)
+# `eagle3 plan` keys on another target: these describe the drafter of the row's own target
+OWN_DRAFTER_KEYS = ("train.init", "extract.aux_layers") + tuple(
+    f"train.{k}" for k in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+)
+
+
+@functools.cache
+def _target_config(source: str) -> dict:
+    from eagle3.cli.plan import read_target_config  # noqa: PLC0415 - the plan reads configs only when asked
+
+    return read_target_config(source)
+
+
 @functools.cache
 def _plan_of(flat_params: str) -> dict | None:
     """`eagle3 plan` for one row's params (JSON of the flat params), None when they no longer
     validate or the target's config cannot be read here."""
-    from eagle3.cli.plan import plan, read_target_config  # noqa: PLC0415
-    from eagle3.core.inputs import InputError  # noqa: PLC0415 - the plan reads configs only when asked
+    from eagle3.cli.plan import plan  # noqa: PLC0415
     from eagle3.core.params import ParamsError, parse_params  # noqa: PLC0415
 
     nested: dict = {}
@@ -58,18 +85,114 @@ def _plan_of(flat_params: str) -> dict | None:
         nested.setdefault(section, {})[name] = value
     try:
         params = parse_params(nested)
-        result = plan(params, read_target_config(params.target.source))
+        result = plan(params, _target_config(params.target.source))
     except (ParamsError, InputError, OSError, ValueError, KeyError):
         return None
     return {
         "trainable": result["drafter"]["params"]["trainable"],
         "draft_gflop": result["flops"]["draft_step"] / 1e9,
+        "train_gib": result["training"]["memory_gib_per_device"]["total_ddp"],
+        "draft_vocab_size": result["drafter"]["draft_vocab_size"],
     }
 
 
 def _planned(e: Experiment, key: str) -> float | None:
     cost = _plan_of(json.dumps(e.params, sort_keys=True)) if e.params else None
     return None if cost is None else cost[key]
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """Another target to price every row's draft vocabulary on (`eagle3 report --plan-target`)."""
+
+    source: str  # as `eagle3 plan --target` takes it: config.json, HF folder or packaged name
+    label: str  # for column names: the folder's name (kimi-k2.5), or the packaged name
+    vocab_size: int
+
+    @classmethod
+    def read(cls, source: str) -> PlanTarget:
+        """InputError (the plan's own message) when `source` is no language model's config."""
+        config = _target_config(source)
+        path = Path(source).expanduser()
+        if path.is_dir():
+            label = path.resolve().name
+        elif path.exists():
+            label = path.resolve().parent.name if path.name == "config.json" else path.stem
+        else:
+            label = source
+        return cls(source, label, int(config["vocab_size"]))
+
+    def cost(self, e: Experiment) -> dict | None:
+        """The plan of the row's params on this target at the row's draft vocabulary (capped at
+        the target's): the target section replaced, the drafter shape derived from the target."""
+        size = e.draft_vocab_size
+        if size is None:
+            return None
+        flat = {
+            k: v for k, v in e.params.items() if not k.startswith("target.") and k not in OWN_DRAFTER_KEYS
+        }
+        flat |= {"target.source": self.source, "vocab.size": min(size, self.vocab_size)}
+        return _plan_of(json.dumps(flat, sort_keys=True))
+
+
+def _short(size: int) -> str:
+    return f"{size // 1024}K" if size % 1024 == 0 else f"{size:,}"
+
+
+def plan_reference(experiments: list[Experiment], target: PlanTarget) -> Experiment | None:
+    """The row the plan-target ratios divide by: draft vocabulary 32,768, else the one nearest it
+    (in log2; the smaller on a tie), among rows the plan prices."""
+    rows = [e for e in sweep_rows(experiments) if target.cost(e) is not None]
+    if not rows:
+        return None
+    return min(rows, key=lambda e: (abs(math.log2(e.draft_vocab_size / REFERENCE_SIZE)), e.draft_vocab_size))
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    return "-" if value is None or not reference else f"{value / reference:.2f}"
+
+
+def plan_columns(experiments: list[Experiment], target: PlanTarget) -> tuple[list[Column], str]:
+    """The plan-target columns (each cost, then its ratio to the reference row's) and the note
+    that says how they were made and which row is the reference."""
+    ref = plan_reference(experiments, target)
+    base = target.cost(ref) if ref is not None else None
+    ratio_label = f"x {_short(ref.draft_vocab_size) if ref is not None else _short(REFERENCE_SIZE)}"
+    name = target.label
+
+    def get(key: str, fmt: str) -> Callable[[Experiment], str]:
+        return lambda e: _fmt(None if (c := target.cost(e)) is None else c[key], fmt)
+
+    def ratio(key: str) -> Callable[[Experiment], str]:
+        return lambda e: _ratio(
+            None if (c := target.cost(e)) is None else c[key], None if base is None else base[key]
+        )
+
+    columns: list[Column] = [
+        (f"{name} vocab (plan)", get("draft_vocab_size", ",.0f")),
+        (f"{name} trainable (plan)", get("trainable", ",.0f")),
+        (ratio_label, ratio("trainable")),
+        (f"{name} draft GFLOP/step (plan)", get("draft_gflop", ".3f")),
+        (ratio_label, ratio("draft_gflop")),
+        (f"{name} train GiB/device (plan)", get("train_gib", ".1f")),
+        (ratio_label, ratio("train_gib")),
+    ]
+    if ref is None:
+        which = "no row could be planned there, so no ratio"
+    elif ref.draft_vocab_size == REFERENCE_SIZE:
+        which = f"`{ratio_label}` divides by the {REFERENCE_SIZE:,} row ({ref.name})"
+    else:
+        which = (
+            f"no row has {REFERENCE_SIZE:,}: `{ratio_label}` divides by the nearest, "
+            f"{ref.draft_vocab_size:,} ({ref.name})"
+        )
+    note = (
+        f"`{name} ... (plan)` columns: `eagle3 plan --target {target.source}` on each row's params at its "
+        f"draft vocabulary (capped at the target's {target.vocab_size:,}), with the drafter shape and aux "
+        "layers derived from that target; trainable drafter parameters, one draft step's GFLOP and "
+        f"training memory per device (DDP, the row's train settings); {which}."
+    )
+    return columns, note
 
 
 def _ci(e: Experiment, key: str) -> str:
@@ -79,11 +202,113 @@ def _ci(e: Experiment, key: str) -> str:
     return f"{value:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
+def _signed(value: float | None, ci: tuple[float, float] | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+
+
+def _interval(entry: dict, key: str) -> tuple[float, float] | None:
+    ci = entry.get(f"{key}_ci")
+    if not isinstance(ci, dict) or not all(isinstance(ci.get(end), (int, float)) for end in ("lo", "hi")):
+        return None
+    return float(ci["lo"]), float(ci["hi"])
+
+
+@dataclass(frozen=True)
+class Paired:
+    """`python -m bench.drafters REF B ... --json FILE`: each drafter's speedup (and acceptance
+    length) paired against the first drafter's, over the same resampled prompts."""
+
+    path: str
+    machine: str
+    reference: str  # the reference drafter's folder name
+    drafters: tuple[dict, ...]  # the file's entries, the reference first
+
+    @classmethod
+    def read(cls, path: str | Path) -> Paired:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise InputError(f"--paired {path} does not exist") from None
+        except (OSError, ValueError) as err:
+            raise InputError(f"--paired {path}: cannot read it as JSON ({err})") from None
+        drafters = data.get("drafters") if isinstance(data, dict) else None
+        if (
+            not isinstance(drafters, list)
+            or len(drafters) < 2
+            or not all(isinstance(d, dict) and d.get("name") for d in drafters)
+            or not drafters[0].get("reference")
+        ):
+            raise InputError(
+                f"--paired {path}: not the output of `python -m bench.drafters ... --json FILE` "
+                "(a list of two or more drafters, the reference first)"
+            )
+        return cls(
+            str(path), str(data.get("machine") or "an unnamed machine"), drafters[0]["name"], tuple(drafters)
+        )
+
+    def match(self, experiments: list[Experiment]) -> dict[str, dict]:
+        """Experiment name -> its drafter's entry: the drafter whose folder name is the experiment's
+        name, else the one drafter of the row's draft vocabulary size (read from the drafter's
+        config.json by the bench); none where two drafters of the file share that size."""
+        by_name = {d["name"]: d for d in self.drafters}
+        named = {e.name for e in experiments} & set(by_name)
+        sizes = Counter(d.get("draft_vocab_size") for d in self.drafters)
+        by_size = {
+            d["draft_vocab_size"]: d
+            for d in self.drafters
+            if d["name"] not in named and d.get("draft_vocab_size") and sizes[d["draft_vocab_size"]] == 1
+        }
+        out = {}
+        for e in experiments:
+            drafter = by_name.get(e.name) or by_size.get(e.draft_vocab_size)
+            if drafter is not None:
+                out[e.name] = drafter
+        return out
+
+    def between(self, matched: dict[str, dict], a: Experiment, b: Experiment) -> tuple[float, float] | None:
+        """The paired 95% interval of one row's speedup minus the other's, where one of the two is
+        the reference's row and the other a drafter paired against it; else None."""
+        da, db = matched.get(a.name), matched.get(b.name)
+        if da is None or db is None or bool(da.get("reference")) == bool(db.get("reference")):
+            return None
+        return _interval(db if da.get("reference") else da, "speedup_minus_reference")
+
+    def column(self, experiments: list[Experiment]) -> Column:
+        matched = self.match(experiments)
+
+        def get(e: Experiment) -> str:
+            d = matched.get(e.name)
+            if d is None:
+                return "-"
+            if d.get("reference"):
+                return "reference"
+            value = d.get("speedup_minus_reference")
+            return _signed(
+                value if isinstance(value, (int, float)) else None, _interval(d, "speedup_minus_reference")
+            )
+
+        return f"paired speedup vs {self.reference} [95% CI]", get
+
+    def note(self, experiments: list[Experiment]) -> str:
+        matched = self.match(experiments)
+        pairs = ", ".join(f"{name} = {d['name']}" for name, d in matched.items()) or "none"
+        return (
+            f"Paired speedups: `{self.path}` (`python -m bench.drafters --json`, on {self.machine}), each "
+            f"drafter's speedup minus {self.reference}'s over the same resampled prompts. Rows take the "
+            "drafter named like the experiment, else the one drafter of their draft vocabulary size: "
+            f"{pairs}."
+        )
+
+
 @dataclass(frozen=True)
 class Verdict:
     best: Experiment | None  # the fastest size on the reference machine; None without speed figures
     compared: list[Experiment]  # the rows the verdict compares: one machine, one set of dtypes
     paragraph: str
+    decision: str = ""  # the paragraph's first sentence: the decision on its own
+    rule: str = ""  # what decided which sizes tie with the fastest
 
 
 def sweep_rows(experiments: list[Experiment]) -> list[Experiment]:
@@ -97,20 +322,44 @@ def _overlaps(a: Experiment, b: Experiment) -> bool:
     return None not in (a_lo, a_hi, b_lo, b_hi) and a_lo <= b_hi and b_lo <= a_hi
 
 
-def verdict(experiments: list[Experiment]) -> Verdict:
-    """Pick the size with the highest speedup and say why, from rows measured alike only."""
+def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verdict:
+    """Pick the size with the highest speedup and say why, from rows measured alike only. Sizes
+    that cannot be told from the fastest tie with it, and the smallest of a tie is the pick: two
+    sizes tie when their speedup intervals overlap, or, where `paired` joins them (one is the
+    reference's row), when the paired interval of their difference contains 0."""
     rows = [e for e in sweep_rows(experiments) if e.number("speedup") is not None and e.machine]
     if not rows:
-        return Verdict(None, [], "No experiment has a speculative-eval result yet, so no size can be chosen.")
+        none = "No experiment has a speculative-eval result yet, so no size can be chosen."
+        return Verdict(None, [], none, none)
     reference = Counter(e.measured_on for e in rows).most_common(1)[0][0]
     rows = [e for e in rows if e.measured_on == reference]
     fastest = max(rows, key=lambda e: e.number("speedup"))
+    matched = paired.match(rows) if paired else {}
+
+    def pair(a: Experiment, b: Experiment) -> tuple[float, float] | None:
+        return paired.between(matched, a, b) if paired else None
+
+    def tied_with(a: Experiment, b: Experiment) -> bool:
+        ci = pair(a, b)
+        return _overlaps(a, b) if ci is None else ci[0] <= 0 <= ci[1]
+
     # sizes this many prompts cannot tell from the fastest: the smallest of them is the pick
     # (the same speed within noise, the cheapest head to train, store and serve)
-    tied = [e for e in rows if e is not fastest and _overlaps(e, fastest)]
+    tied = [e for e in rows if e is not fastest and tied_with(e, fastest)]
     best = min([fastest, *tied], key=lambda e: (e.draft_vocab_size, e.name))
     first, last = rows[0], rows[-1]
     k = best.draft_vocab_size
+    by_pair = [e.name for e in rows if e is not fastest and pair(e, fastest) is not None]
+    if by_pair:
+        rule = (
+            f"ties by the paired 95% interval of the speedup difference against {paired.reference} "
+            f"containing 0 for {', '.join(by_pair)} (bench.drafters on {paired.machine}, {paired.path})"
+            + (", by overlapping 95% speedup intervals for the rest" if len(by_pair) < len(rows) - 1 else "")
+        )
+    else:
+        rule = "ties by overlapping 95% speedup intervals" + (
+            f" (no paired interval in {paired.path} joins the fastest size with another)" if paired else ""
+        )
 
     def facts(e: Experiment) -> str:
         return (
@@ -119,16 +368,32 @@ def verdict(experiments: list[Experiment]) -> Verdict:
             f"draft step {_fmt(e.number('draft_ms_per_step'), '.2f')} ms"
         )
 
+    if best is fastest:
+        decision = (
+            f"Decision: a draft vocabulary of {k:,} tokens ({best.name}): the highest speedup, "
+            f"{_ci(best, 'speedup')}x, and no smaller size ties with it; {rule}."
+        )
+    else:
+        decision = (
+            f"Decision: a draft vocabulary of {k:,} tokens ({best.name}, {_ci(best, 'speedup')}x): the "
+            f"smallest size tied with the fastest, {fastest.draft_vocab_size:,} ({fastest.name}, "
+            f"{_ci(fastest, 'speedup')}x); {rule}."
+        )
     all_tied = best is not fastest and len(tied) + 1 == len(rows)
     if best is fastest:
         text = [
             f"Speedup peaks at a draft vocabulary of {k:,} tokens ({_ci(best, 'speedup')}x, {best.name})."
         ]
     else:
+        how = (
+            "has an interval that overlaps those of"
+            if not any(pair(e, fastest) for e in tied)
+            else "cannot be told apart from those of"
+        )
         text = [
             f"No size is measurably faster than the others: the highest speedup, "
-            f"{_ci(fastest, 'speedup')}x at {fastest.draft_vocab_size:,} ({fastest.name}), has an interval "
-            f"that overlaps those of {', '.join(e.name for e in tied)}, so the pick is the smallest of "
+            f"{_ci(fastest, 'speedup')}x at {fastest.draft_vocab_size:,} ({fastest.name}), {how} "
+            f"{', '.join(e.name for e in tied)}, so the pick is the smallest of "
             f"them, {k:,} tokens ({_ci(best, 'speedup')}x, {best.name}): the same speed within noise with "
             f"the cheapest head ({_fmt(best.number('lm_head_params'), ',.0f')} lm_head parameters)."
         ]
@@ -161,15 +426,17 @@ def verdict(experiments: list[Experiment]) -> Verdict:
             f"({facts(last)}) speedup is {_ci(last, 'speedup')}x."
         )
     # the sentence above named the rows tied with the fastest; these are the rest tied with the pick
-    ties = (
-        []
-        if all_tied
-        else [e.name for e in rows if e is not best and e is not fastest and _overlaps(e, best)]
-    )
-    if ties:
+    ties = [] if all_tied else [e for e in rows if e is not best and e is not fastest and tied_with(e, best)]
+    overlapping = [e.name for e in ties if pair(e, best) is None]
+    if overlapping:
         text.append(
-            f"The speedup intervals of {', '.join(ties)} overlap the best one's: this many prompts "
+            f"The speedup intervals of {', '.join(overlapping)} overlap the best one's: this many prompts "
             "cannot tell them apart (raise eval.num_prompts)."
+        )
+    if len(overlapping) < len(ties):
+        text.append(
+            f"The paired interval of {', '.join(e.name for e in ties if pair(e, best))} against the best "
+            "contains 0: the bench's prompts cannot tell them apart."
         )
     others = len(sweep_rows(experiments)) - len(rows)
     machine, dtypes = reference
@@ -177,7 +444,7 @@ def verdict(experiments: list[Experiment]) -> Verdict:
         f"Speeds were measured on {machine} ({', '.join(f'{k} {v}' for k, v in dtypes) or 'dtypes unknown'})"
         + (f"; {others} row(s) measured elsewhere or without speeds are left out." if others else ".")
     )
-    return Verdict(best, rows, " ".join(text))
+    return Verdict(best, rows, " ".join([decision, *text]), decision, rule)
 
 
 def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> list[Path]:
@@ -243,16 +510,24 @@ def _machines(experiments: list[Experiment]) -> list[tuple[str, list[str]]]:
     return list(by_machine.items())
 
 
-def _markdown(experiments: list[Experiment], verdict_: Verdict, plots: list[Path]) -> str:
-    header = [label for label, _ in TABLE]
+def _markdown(
+    experiments: list[Experiment],
+    verdict_: Verdict,
+    plots: list[Path],
+    columns: list[Column],
+    notes: list[str],
+) -> str:
+    header = [label for label, _ in columns]
     lines = ["# Draft vocabulary sweep", "", verdict_.paragraph, ""]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(get(e) for _, get in TABLE) + " |" for e in sweep_rows(experiments)]
+    lines += ["| " + " | ".join(get(e) for _, get in columns) + " |" for e in sweep_rows(experiments)]
     lines += [
         "",
         "Costs per size are `eagle3 plan -S vocab.size=K` on each row's params (drafter parameters and "
         'one draft step\'s FLOPs; storage, memory and steps: docs/scale-out.md "Plan a run").',
     ]
+    for note in notes:
+        lines += ["", note]
     lines += ["", "Measured on:", ""] + [f"- {m}: {', '.join(names)}" for m, names in _machines(experiments)]
     lines.append("")
     for path, (_, _, title) in zip(plots, PLOTS, strict=True):
@@ -260,10 +535,16 @@ def _markdown(experiments: list[Experiment], verdict_: Verdict, plots: list[Path
     return "\n".join(lines)
 
 
-def _html(experiments: list[Experiment], verdict_: Verdict, plots: list[Path]) -> str:
-    head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in TABLE)
+def _html(
+    experiments: list[Experiment],
+    verdict_: Verdict,
+    plots: list[Path],
+    columns: list[Column],
+    notes: list[str],
+) -> str:
+    head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(get(e))}</td>" for _, get in TABLE) + "</tr>"
+        "<tr>" + "".join(f"<td>{html.escape(get(e))}</td>" for _, get in columns) + "</tr>"
         for e in sweep_rows(experiments)
     )
     images = "".join(
@@ -274,22 +555,37 @@ def _html(experiments: list[Experiment], verdict_: Verdict, plots: list[Path]) -
     machines = "".join(
         f"<li>{html.escape(m)}: {html.escape(', '.join(names))}</li>" for m, names in _machines(experiments)
     )
+    remarks = "".join(f"<p>{html.escape(note)}</p>" for note in notes)
     style = "body{font-family:sans-serif;max-width:72em;margin:2em auto}td,th{padding:2px 8px}"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Draft vocabulary sweep</title>"
         f"<style>{style}</style></head><body><h1>Draft vocabulary sweep</h1>"
-        f"<p>{html.escape(verdict_.paragraph)}</p><table><tr>{head}</tr>{body}</table>"
+        f"<p>{html.escape(verdict_.paragraph)}</p><table><tr>{head}</tr>{body}</table>{remarks}"
         f"<p>Measured on:</p><ul>{machines}</ul>{images}</body></html>\n"
     )
 
 
-def write_report(experiments: list[Experiment], out: str | Path) -> tuple[Verdict, list[Path]]:
-    """report.md (+ PNGs) and report.html (PNGs embedded) under `out`."""
+def write_report(
+    experiments: list[Experiment],
+    out: str | Path,
+    plan_target: PlanTarget | None = None,
+    paired: Paired | None = None,
+) -> tuple[Verdict, list[Path]]:
+    """report.md (+ PNGs) and report.html (PNGs embedded) under `out`; with `plan_target`, each
+    size's planned cost on that target too, with `paired` the bench's paired speedups and ties."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    verdict_ = verdict(experiments)
+    verdict_ = verdict(experiments, paired)
     plots = write_plots(experiments, verdict_, out)
+    columns, notes = list(TABLE), []
+    if plan_target is not None:
+        extra, note = plan_columns(experiments, plan_target)
+        columns += extra
+        notes.append(note)
+    if paired is not None:
+        columns.append(paired.column(experiments))
+        notes.append(paired.note(experiments))
     md, page = out / "report.md", out / "report.html"
-    md.write_text(_markdown(experiments, verdict_, plots))
-    page.write_text(_html(experiments, verdict_, plots))
+    md.write_text(_markdown(experiments, verdict_, plots, columns, notes))
+    page.write_text(_html(experiments, verdict_, plots, columns, notes))
     return verdict_, [md, page, *plots]
