@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from eagle3.core.params import Params, TargetParams
-from eagle3.data.extract import capture_rows, select_conversations
+from eagle3.data.extract import capture_rows, select_conversations, token_batches
 from eagle3.data.store import FeatureStore, Sample
 from eagle3.train.online import disagreement, prefetched
 from eagle3.verifier.load import has_chat_template, load_target
@@ -83,8 +83,8 @@ def test_prefetch_raises_at_the_failing_item_and_closing_stops_the_thread():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_samples_features_do_not_depend_on_the_samples_beside_it(dtype):
-    """Real SmolLM2: each sample alone, with others of its length, and in other groups gives the
-    same bytes (padding would not: a padded row's states depend on the width it was padded to)."""
+    """Real SmolLM2: each sample alone, with others of its forward width (31, 17 and 9 tokens are
+    all forwarded at 32), and in other groups gives the same bytes."""
     target = load_target(TargetParams(dtype=dtype))
     params = Params.model_validate({"data": {"num_samples": 8, "max_length": 48}})
     chat = has_chat_template(target.source)
@@ -93,6 +93,8 @@ def test_a_samples_features_do_not_depend_on_the_samples_beside_it(dtype):
     rendered = [Rendered(r.input_ids[:n], r.loss_mask[:n]) for r, n in zip(full, cut, strict=True)]
     lengths = [len(r.input_ids) for r in rendered]
     aux = [1, 14, 26]
+    assert token_batches(lengths, 4096) == [[2, 4, 5, 7], [0, 1, 3, 6]]  # shorter rows padded to 32
+    assert token_batches(lengths, 64) == [[2, 4], [5, 7], [0], [1], [3], [6]]
     alone = [capture_rows(target, [r], aux, 4096)[0] for r in rendered]
     together = capture_rows(target, rendered, aux, 4096)
     reversed_ = capture_rows(target, rendered[::-1], aux, 4096)[::-1]

@@ -4,12 +4,13 @@ Work is cut into shards of `extract.shard_samples` samples, each processed in ba
 never straddle a shard, so an interrupted run that resumes at a shard boundary computes
 exactly what an uninterrupted run would (byte-identical shards).
 
-A sample's features are a function of the sample alone: only samples of the same length share
-a forward (no padding), and a row's result does not depend on the rows beside it (measured on
-this project's CPUs in float32 and bf16, and checked by tests/test_online.py), whereas a padded
-row's does: the attention runs over another key length. So `capture_rows` gives the same bytes
-whichever samples it is handed together, which is what lets online training (extract.features:
-online, eagle3/train/online.py) compute them again, batch by batch, equal to the store's.
+A sample's features are a function of the sample alone: its forward is padded on the right to a
+width that depends on its own length only (FORWARD_WIDTH_MULTIPLE), only samples of the same
+padded width share a forward, and a row's result does not depend on the rows beside it (measured
+on this project's CPUs in float32 and bf16, and checked by tests/test_online.py). So
+`capture_rows` gives the same bytes whichever samples it is handed together, which is what lets
+online training (extract.features: online, eagle3/train/online.py) compute them again, batch by
+batch, equal to the store's.
 """
 
 from __future__ import annotations
@@ -113,14 +114,40 @@ def onpolicy_group(
     return samples
 
 
+# A sample's forward is padded on the right to a multiple of this many tokens. The padding comes
+# after its tokens, so the causal attention keeps it out of their states, and the width depends on
+# the sample's own length only, so its bytes do not depend on the samples beside it (they do
+# depend on the width, in their last bits: attention and matmuls block differently). Why pad: the
+# target's forwards then take a few shapes rather than one per sample length, and on a CPU each
+# new shape leaves oneDNN kernels and heap behind, so online training's memory grew with the data.
+FORWARD_WIDTH_MULTIPLE = 32
+
+
+def forward_width(length: int) -> int:
+    """The width a sample of this length is forwarded at."""
+    return -(-length // FORWARD_WIDTH_MULTIPLE) * FORWARD_WIDTH_MULTIPLE
+
+
+def padded_ids(rendered: list[Rendered]) -> torch.Tensor:
+    """[rows, width] token ids of samples of one forward width, right-padded with id 0."""
+    widths = {forward_width(len(r.input_ids)) for r in rendered}
+    if len(widths) != 1:
+        raise ValueError(f"one forward takes samples of one padded width, got widths {sorted(widths)}")
+    ids = np.zeros((len(rendered), widths.pop()), dtype=np.int64)
+    for row, r in enumerate(rendered):
+        ids[row, : len(r.input_ids)] = r.input_ids
+    return torch.from_numpy(ids)
+
+
 def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Indices grouped by equal length (no padding: a padded row's states depend on the width it
-    was padded to), at most batch_tokens tokens a forward (a longer sample goes alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    """Indices grouped by equal forward width, at most batch_tokens tokens (padding included) a
+    forward (a longer sample goes alone)."""
+    widths = [forward_width(n) for n in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (widths[i], i))
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        if current and (lengths[current[0]] != lengths[i] or (len(current) + 1) * lengths[i] > batch_tokens):
+        if current and (widths[current[0]] != widths[i] or (len(current) + 1) * widths[i] > batch_tokens):
             batches.append(current)
             current = []
         current.append(i)
@@ -137,10 +164,8 @@ def token_sample(rendered: Rendered, **features: torch.Tensor) -> Sample:
 
 @torch.no_grad()
 def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int]) -> list[Sample]:
-    """One captured forward over samples of one length (token_batches groups them so)."""
-    if len({len(r.input_ids) for r in rendered}) != 1:
-        raise ValueError("capture_batch takes samples of one length (padding would change their states)")
-    ids = torch.from_numpy(np.stack([r.input_ids for r in rendered])).long()
+    """One captured forward over samples of one forward width (token_batches groups them so)."""
+    ids = padded_ids(rendered)
     with capture_hidden_states(target.decoder_layers, target.final_norm, aux_layers) as captured:
         # The base model only: the lm_head (V x H per token) is not needed here.
         target.model.model(input_ids=ids, use_cache=False)
@@ -148,8 +173,8 @@ def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int
     return [
         token_sample(
             r,
-            aux_hidden=aux[row].to(torch.bfloat16).clone(),
-            last_hidden=last[row].to(torch.bfloat16).clone(),
+            aux_hidden=aux[row, : len(r.input_ids)].to(torch.bfloat16).clone(),
+            last_hidden=last[row, : len(r.input_ids)].to(torch.bfloat16).clone(),
         )
         for row, r in enumerate(rendered)
     ]
@@ -162,7 +187,7 @@ def capture_rows(
     batch_tokens: int,
     advance: Callable[[int, int], None] | None = None,
 ) -> list[Sample]:
-    """The features of each sample, in order, computed in equal-length forwards of at most
+    """The features of each sample, in order, computed in equal-width forwards of at most
     `batch_tokens` tokens: the same bytes for a sample whichever others come with it."""
     samples: list[Sample | None] = [None] * len(rendered)
     for batch in token_batches([len(r.input_ids) for r in rendered], batch_tokens):
@@ -240,12 +265,12 @@ def hf_group_fn(target: Target, params: Params, aux_layers: list[int]) -> GroupF
 def reference_sample(target: Target, rendered: Rendered, aux_layers: list[int]) -> Sample:
     """One sample's features from the plain forward's own output_hidden_states, no capture hooks
     (what patch-check compares the capture with): online training's sampled re-check."""
-    ids = torch.from_numpy(rendered.input_ids).long()[None]
+    ids, n = padded_ids([rendered]), len(rendered.input_ids)  # padded as the capture pads it
     states = target.model.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
     return token_sample(
         rendered,
-        aux_hidden=torch.cat([states[layer + 1][0] for layer in aux_layers], -1).to(torch.bfloat16),
-        last_hidden=states[-1][0].to(torch.bfloat16),
+        aux_hidden=torch.cat([states[layer + 1][0, :n] for layer in aux_layers], -1).to(torch.bfloat16),
+        last_hidden=states[-1][0, :n].to(torch.bfloat16),
     )
 
 
