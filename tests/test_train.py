@@ -7,6 +7,7 @@ DDP worker the test launches.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -31,7 +32,13 @@ from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs
 from eagle3.train.data import BatchSource, StoredFeatures, sample_lengths, split_samples
 from eagle3.train.loop import train_drafter, warmup_cosine
-from eagle3.train.prepare import TrainInputs, check_memory, check_target_topk, drafter_config
+from eagle3.train.prepare import (
+    TrainInputs,
+    check_memory,
+    check_target_topk,
+    drafter_config,
+    training_code_sha256,
+)
 from eagle3.train.ttt import acceptance_length, topk_target
 
 H, V, K = 32, 256, 64
@@ -594,19 +601,22 @@ def test_a_run_sees_few_matmul_shapes_and_the_same_loss(tmp_path, monkeypatch):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
 
 
-def test_a_checkpoint_of_other_training_code_is_not_resumed(tmp_path):
+def test_a_checkpoint_of_other_training_code_is_not_resumed(tmp_path, monkeypatch):
     """`dvc repro` after a change to the training code must train again, not finish the old
     run: the run key carries the code's digest, and only the training code's."""
     shutil.copytree(REPO / "eagle3", tmp_path / "eagle3", ignore=shutil.ignore_patterns("__pycache__"))
+    # the copy's prepare.py, loaded in this process (its own __file__, so it digests the copied
+    # package): a fresh interpreter per digest cost ~10 s of imports each for the same answer
+    spec = importlib.util.spec_from_file_location("copied_prepare", tmp_path / "eagle3/train/prepare.py")
+    copied = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "copied_prepare", copied)  # dataclasses look their module up
+    spec.loader.exec_module(copied)
 
     def code_key() -> str:
-        probe = "from eagle3.train.prepare import training_code_sha256 as f; print(f())"
-        done = subprocess.run(
-            [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
-        )
-        return done.stdout.strip()
+        return copied.training_code_sha256.__wrapped__()  # uncached: each call reads the files now
 
     before = code_key()
+    assert before == training_code_sha256()  # the copy digests as the package itself does
     with open(tmp_path / "eagle3/cli/report.py", "a") as f:
         f.write("# not training code\n")
     assert code_key() == before
