@@ -26,8 +26,9 @@ from eagle3.data.store import FeatureStore
 from eagle3.train.distributed import SINGLE_PROCESS, Dist, all_gather_dict
 
 # Bump when the way the argmax is computed changes: older cache files are then never read.
-VERSION = 1
+VERSION = 2  # 2: blocks padded to ROW_MULTIPLE rows
 ROWS = 2048  # rows per product: bounds the [rows, V] logits of a long sample
+ROW_MULTIPLE = 64
 
 
 def cache_file(features_sha256: str, head: Tensor) -> Path:
@@ -85,7 +86,14 @@ def _argmax(store: FeatureStore, s: int, head: Tensor) -> Tensor:
 @torch.no_grad()
 def argmax_rows(last_hidden: Tensor, head: Tensor) -> Tensor:
     """int32 [T]: the target's argmax from one sample's final-norm rows, in fixed row blocks (a
-    value never depends on the samples computed beside it; online training calls it too)."""
+    value never depends on the samples computed beside it; online training calls it too). Each
+    block is zero-padded to a multiple of ROW_MULTIPLE rows: a product per sample length would
+    leave oneDNN kernels and [rows, V] logits of every size behind, and memory grew with them."""
     hidden = last_hidden.to(head.device, head.dtype)
-    blocks = [(hidden[i : i + ROWS] @ head.T).argmax(-1) for i in range(0, len(hidden), ROWS)]
+    blocks = []
+    for i in range(0, len(hidden), ROWS):
+        block = hidden[i : i + ROWS]
+        rows = len(block)
+        block = torch.nn.functional.pad(block, (0, 0, 0, -rows % ROW_MULTIPLE))
+        blocks.append((block @ head.T).argmax(-1)[:rows])
     return torch.cat(blocks).to("cpu", torch.int32)
