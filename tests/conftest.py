@@ -30,3 +30,12 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def faults_stages(tmp_path_factory) -> Path:
+    """bench/faults.py's tiny project through vocab-map (tests/fault_harness.py), built once for
+    tests/test_faults.py and tests/test_online.py: read only, each module works on a copy."""
+    from fault_harness import build_stages
+
+    return build_stages(tmp_path_factory.mktemp("faults-stages"))

@@ -5,7 +5,6 @@ unreachable and a locked MLflow store, and a disk that fills."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -16,26 +15,18 @@ from pathlib import Path
 
 import pytest
 from background import project_env, run_detached, session_members, start_detached
+from fault_harness import copy_project, faults
 from project_copy import copy_code
 
-REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("faults", REPO / "bench" / "faults.py")
-faults = importlib.util.module_from_spec(spec)
-sys.modules["faults"] = faults  # dataclasses look their module up there
-spec.loader.exec_module(faults)
-
-# Past the suite's 15-minute default: the module's project (patch-check, extract, vocab-map) is
-# built in the first test's setup; that test took 630 s (380 s setup) on a 2-core machine under
-# other load, 1.4x from the default.
+# Past the suite's 15-minute default: the session's tiny project (patch-check, extract, vocab-map;
+# conftest.py's faults_stages) may be built in the first test's setup; that test took 630 s (380 s
+# setup) on a 2-core machine under other load, 1.4x from the default.
 pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    root = faults.make_project(tmp_path_factory.mktemp("faults"))
-    for stage in ("patch_check", "extract", "vocab_map"):
-        faults.must_run(root, stage)
-    return root
+def project(faults_stages, tmp_path_factory) -> Path:
+    return copy_project(faults_stages, tmp_path_factory.mktemp("faults"))
 
 
 def survived(tally) -> bool:

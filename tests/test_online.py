@@ -6,10 +6,8 @@ keeps its order and depth."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from fault_harness import copy_project, faults
 
 from eagle3.core.params import Params, TargetParams
 from eagle3.data.extract import capture_rows, select_conversations, token_batches
@@ -24,12 +23,6 @@ from eagle3.data.store import FeatureStore, Sample
 from eagle3.train.online import disagreement, prefetched
 from eagle3.verifier.load import has_chat_template, load_target
 from eagle3.verifier.render import Rendered
-
-REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("faults", REPO / "bench" / "faults.py")
-faults = importlib.util.module_from_spec(spec)
-sys.modules["faults"] = faults
-spec.loader.exec_module(faults)
 
 DRAFTER = "artifacts/train/drafter"
 CHECKPOINTS = "artifacts/train/checkpoints"
@@ -134,13 +127,25 @@ def kill_once_exists(project: Path, stage: str, path: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def offline(tmp_path_factory) -> tuple[Path, dict[str, bytes], dict]:
-    """The tiny project trained from a feature store: its drafter bytes and train metrics."""
-    project = faults.make_project(tmp_path_factory.mktemp("online"))
-    for stage in ("patch_check", "extract", "vocab_map", "train"):
-        faults.must_run(project, stage)
+def offline(faults_stages, tmp_path_factory) -> tuple[Path, dict[str, bytes], dict]:
+    """The tiny project (the session's, through vocab-map) trained from its feature store: its
+    drafter bytes and train metrics. Read only: tests train in copies."""
+    project = copy_project(faults_stages, tmp_path_factory.mktemp("offline"))
+    faults.must_run(project, "train")
     metrics = json.loads((project / "metrics/train.json").read_text())
     return project, drafter_bytes(project), metrics
+
+
+@pytest.fixture(scope="module")
+def online(offline, tmp_path_factory) -> Path:
+    """The same project with online features (extract.features online, a re-check every 3rd
+    batch): extract and vocab-map run again, no drafter yet. Read only: tests train in copies."""
+    project = copy_project(offline[0], tmp_path_factory.mktemp("online"))
+    faults.remove(project, [DRAFTER, CHECKPOINTS])  # nothing of the store's training is at hand
+    set_features(project, "online", recheck_every=3)
+    faults.must_run(project, "extract")
+    faults.must_run(project, "vocab_map")
+    return project
 
 
 def without_timings(metrics: dict) -> dict:
@@ -148,16 +153,14 @@ def without_timings(metrics: dict) -> dict:
 
 
 @pytest.mark.timeout(1800)
-def test_online_training_writes_the_offline_drafter_and_resumes_to_it(offline):
-    project, stored_drafter, stored_metrics = offline
-    stored_bytes = sum(p.stat().st_size for p in (project / "artifacts/extract").iterdir())
-    set_features(project, "online", recheck_every=3)
-    faults.must_run(project, "extract")
+def test_online_training_writes_the_offline_drafter_and_resumes_to_it(offline, online, tmp_path):
+    _, stored_drafter, stored_metrics = offline
+    stored_bytes = sum(p.stat().st_size for p in (offline[0] / "artifacts/extract").iterdir())
+    project = copy_project(online, tmp_path)
     store = FeatureStore(project / "artifacts/extract")
     assert store.online and store.keys == ("input_ids", "loss_mask")
     online_bytes = sum(p.stat().st_size for p in (project / "artifacts/extract").iterdir())
     assert online_bytes * 20 < stored_bytes  # tokens only: no hidden states on disk
-    faults.must_run(project, "vocab_map")
     faults.must_run(project, "train")
     assert drafter_bytes(project) == stored_drafter
     online_metrics = json.loads((project / "metrics/train.json").read_text())
@@ -195,19 +198,18 @@ def test_the_recheck_refuses_drifted_features():
 
 
 @pytest.mark.timeout(1800)
-def test_online_under_torchrun_writes_the_two_process_offline_drafter(offline):
+def test_online_under_torchrun_writes_the_two_process_offline_drafter(offline, online, tmp_path):
     """train.num_processes 2 (torchrun, gloo): each rank computes its own rows' features, and the
     drafter equals the one two ranks train from the store."""
-    project = offline[0]
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["train"] |= {"num_processes": 2, "batch_size": 2, "epochs": 1}  # one epoch shows it
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     trained = {}
-    for mode in ("store", "online"):
-        set_features(project, mode)
+    for mode, built in (("store", offline[0]), ("online", online)):
+        project = copy_project(built, tmp_path / mode)  # its extract and vocab-map already run
+        assert FeatureStore(project / "artifacts/extract").online == (mode == "online")
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        params["train"] |= {"num_processes": 2, "batch_size": 2, "epochs": 1}  # one epoch shows it
+        (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         faults.remove(project, [DRAFTER, CHECKPOINTS])
-        for stage in ("extract", "vocab_map", "train"):
-            faults.must_run(project, stage)
+        faults.must_run(project, "train")
         trained[mode] = drafter_bytes(project)
         assert json.loads((project / "metrics/train.json").read_text())["processes"] == 2
     assert trained["online"] == trained["store"]
