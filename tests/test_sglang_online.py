@@ -96,12 +96,10 @@ def test_online_features_from_sglang_servers_train_the_stored_drafter(servers, t
     assert len(aux.requests) == sent  # an online extraction stores tokens: no server work
     assert FeatureStore(project / "artifacts/extract").online
     assert stage("vocab_map").returncode == 0
-    done = stage("train")
-    assert done.returncode == 0, done.stderr
-    assert len(aux.requests) > sent  # the features came from the server while training
-    assert drafter_bytes(project) == stored
 
-    # the server goes away mid-training: one line names it, training waits, then finishes the same
+    # online training, with the server going away mid-training: one line names it, training waits,
+    # then finishes with the stored drafter's bytes (an uninterrupted online run was trained here
+    # too before; every batch but the one retried takes its path, so this run proves it as well)
     for path in (project / DRAFTER, project / "artifacts/train/checkpoints"):
         subprocess.run(["rm", "-rf", str(path)], check=True)
     down = Down(aux, after=len(aux.requests) + 2)
@@ -113,6 +111,7 @@ def test_online_features_from_sglang_servers_train_the_stored_drafter(servers, t
         assert proc.wait(timeout=600) == 0, log.read_text()
         text = log.read_text()
         assert text.count(f"waiting for {aux.url}") == 1 and f"{aux.url} answers again" in text
+        assert len(aux.requests) > sent + 2  # the features came from the server while training
         assert drafter_bytes(project) == stored
 
         # ...and comes back relaunched with other args: refused as extract refuses it
