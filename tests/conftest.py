@@ -39,3 +39,13 @@ def faults_stages(tmp_path_factory) -> Path:
     from fault_harness import build_stages
 
     return build_stages(tmp_path_factory.mktemp("faults-stages"))
+
+
+@pytest.fixture(scope="session")
+def sglang_top_logprobs(tmp_path_factory):
+    """patch-check, extract, vocab-map and train of the replay servers' three conversations
+    (tests/test_sglang.py build_top_logprobs_project), run once for tests/test_sglang.py and
+    tests/test_sglang_online.py: read only, each test works on a copy."""
+    from test_sglang import build_top_logprobs_project
+
+    return build_top_logprobs_project(tmp_path_factory.mktemp("sglang-top-logprobs"))

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -538,6 +540,11 @@ def stage_runner(tmp_path: Path, raw: dict):
     project = tmp_path / "project"
     copy_code(project, pipeline=False)
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    return project, stages_in(project)
+
+
+def stages_in(project: Path):
+    """Runs `project`'s stages as DVC does (python -m stages.X)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
 
     def stage(name: str) -> subprocess.CompletedProcess:
@@ -550,21 +557,62 @@ def stage_runner(tmp_path: Path, raw: dict):
             timeout=STAGE_TIMEOUT_S,
         )
 
-    return project, stage
+    return stage
 
 
-def test_the_pipeline_trains_on_top_logprobs_from_replay_servers(servers, tmp_path):
+TOP_LOGPROBS_TRAIN = {
+    "epochs": 2,
+    "seq_len": 64,
+    "batch_size": 1,
+    "heldout_fraction": 0.34,
+    "dtype": "float32",
+}
+
+
+@dataclass(frozen=True)
+class TopLogprobsProject:
+    """A project trained through patch-check, extract, vocab-map and train against replay servers
+    of its own (closed since), with the target's prediction from the top-20 logprobs."""
+
+    project: Path
+    raw: dict
+    final_requests: int  # requests its final-state server got: none is expected
+
+
+def build_top_logprobs_project(folder: Path) -> TopLogprobsProject:
+    """Built once per session (conftest.py's sglang_top_logprobs) for this file's pipeline test
+    and tests/test_sglang_online.py, which both copy it: the same four stage runs, done once."""
+    aux, final = Replay("aux", cache_hit_first=True), Replay("final")
+    try:
+        raw = tiny(conversations_file(folder), aux.url, None)
+        raw |= {"vocab": {"size": 512}, "train": dict(TOP_LOGPROBS_TRAIN)}
+        project, stage = stage_runner(folder, raw)
+        for name in ("patch_check", "extract", "vocab_map", "train"):
+            done = stage(name)
+            assert done.returncode == 0, f"{name}: {done.stderr}"
+        return TopLogprobsProject(project, raw, len(final.requests))
+    finally:
+        aux.close()
+        final.close()
+
+
+def copy_top_logprobs_project(built: TopLogprobsProject, tmp_path: Path, aux_url: str):
+    """A copy of the built project whose params name the server at `aux_url`; its stage runner."""
+    raw = json.loads(json.dumps(built.raw))
+    raw["extract"]["sglang_url"] = aux_url
+    project = tmp_path / "project"
+    shutil.copytree(built.project, project, copy_function=shutil.copy2)
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    return project, raw, stages_in(project)
+
+
+def test_the_pipeline_trains_on_top_logprobs_from_replay_servers(servers, sglang_top_logprobs, tmp_path):
     """patch-check, extract, vocab-map and train as DVC runs them, with the target's prediction
-    taken from the aux requests' top-20 logprobs: one kind of server, no last_hidden stored."""
-    aux, final = servers
-    raw = tiny(conversations_file(tmp_path), aux.url, None)
-    raw |= {
-        "vocab": {"size": 512},
-        "train": {"epochs": 2, "seq_len": 64, "batch_size": 1, "heldout_fraction": 0.34, "dtype": "float32"},
-    }
-    project, stage = stage_runner(tmp_path, raw)
-    done = stage("patch_check")
-    assert done.returncode == 0, done.stderr
+    taken from the aux requests' top-20 logprobs: one kind of server, no last_hidden stored (the
+    four runs are the session's sglang_top_logprobs; this test checks them and refuses on a copy)."""
+    aux, _ = servers
+    built = sglang_top_logprobs
+    project, raw, stage = copy_top_logprobs_project(built, tmp_path, aux.url)
     report = json.loads((project / "artifacts/patch-check/report.json").read_text())
     assert (
         report["fingerprint"]["target_top_logprobs"] == 20
@@ -572,10 +620,7 @@ def test_the_pipeline_trains_on_top_logprobs_from_replay_servers(servers, tmp_pa
     )
     scores = [c["agreement"]["top_logprobs"] for c in report["checks"]]
     assert len(scores) == 4 and min(s["top1_agreement"] for s in scores) >= MIN_TOP1_AGREEMENT
-    for name in ("extract", "vocab_map", "train"):
-        done = stage(name)
-        assert done.returncode == 0, f"{name}: {done.stderr}"
-    assert not final.requests
+    assert built.final_requests == 0
     assert FeatureStore(project / "artifacts/extract").target_topk == 20
     metrics = json.loads((project / "metrics/train.json").read_text())
     assert metrics["train_tokens"] > 0 and 0 <= metrics["heldout_acc_0"] <= 1

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_sglang import ReplayHandler, conversations_file, servers, stage_runner, tiny  # noqa: F401
+from test_sglang import ReplayHandler, copy_top_logprobs_project, servers  # noqa: F401
 
 from eagle3.data.store import FeatureStore
 
 DRAFTER = "artifacts/train/drafter"
-TRAIN = {"epochs": 2, "seq_len": 64, "batch_size": 1, "heldout_fraction": 0.34, "dtype": "float32"}
 
 
 def drafter_bytes(project: Path) -> dict[str, bytes]:
@@ -81,13 +80,15 @@ def wait_for_line(proc: subprocess.Popen, log: Path, text: str, timeout: float =
 
 
 @pytest.mark.timeout(1800)
-def test_online_features_from_sglang_servers_train_the_stored_drafter(servers, tmp_path):  # noqa: F811
+def test_online_features_from_sglang_servers_train_the_stored_drafter(
+    servers,  # noqa: F811
+    sglang_top_logprobs,
+    tmp_path,
+):
     aux, _ = servers
-    raw = tiny(conversations_file(tmp_path), aux.url, None) | {"vocab": {"size": 512}, "train": TRAIN}
-    project, stage = stage_runner(tmp_path, raw)
-    for name in ("patch_check", "extract", "vocab_map", "train"):
-        done = stage(name)
-        assert done.returncode == 0, f"{name}: {done.stderr}"
+    # the session's project, trained from a store of these servers' rows (patch-check, extract,
+    # vocab-map and train: tests/test_sglang.py build_top_logprobs_project), pointed at `aux`
+    project, raw, stage = copy_top_logprobs_project(sglang_top_logprobs, tmp_path, aux.url)
     stored = drafter_bytes(project)
 
     set_params(project, raw, features="online", recheck_every=2)
