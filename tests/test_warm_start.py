@@ -7,10 +7,8 @@ stage exports them (SGLang layout), or built at another target's shape."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -223,7 +221,7 @@ def test_a_drafter_that_does_not_fit_is_refused_before_training(trained, tmp_pat
     assert not (tmp_path / "ck").exists()  # nothing trained, nothing written
 
 
-def test_vocab_map_stage_adopts_the_drafter_and_refuses_another_size(trained, tmp_path):
+def test_vocab_map_stage_adopts_the_drafter_and_refuses_another_size(trained, tmp_path, monkeypatch, capsys):
     folder, _, _ = trained
     store = tiny_store(tmp_path / "artifacts" / "extract")
     samples = [store.sample(i) for i in range(len(store))]
@@ -237,13 +235,23 @@ def test_vocab_map_stage_adopts_the_drafter_and_refuses_another_size(trained, tm
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["tracking"]["enabled"] = False
     params["train"]["init"] = str(folder)
-    env = os.environ | {"PYTHONPATH": str(REPO)}
+    # the stage's main() in this process, in the folder, as DVC runs it there (tests/test_corruption.py
+    # does the same): a fresh interpreter per run cost seconds of imports for the same code
+    monkeypatch.syspath_prepend(str(REPO))  # stages/ is no installed package
+    monkeypatch.chdir(tmp_path)
+    from stages.vocab_map import main
 
     def vocab_map(size: int) -> subprocess.CompletedProcess:
         params["vocab"]["size"] = size
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-        cmd = [sys.executable, "-m", "stages.vocab_map"]
-        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["stages.vocab_map"], code, out, err)
 
     refused = vocab_map(8192)
     assert refused.returncode == 2 and "vocab.size is 8,192 but the train.init drafter" in refused.stderr
