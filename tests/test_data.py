@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import SHAREGPT_SAMPLE
 
 from eagle3.core.params import parse_params
+from eagle3.core.stageio import code_sha256
+from eagle3.data import extract
 from eagle3.data.conversations import load_conversations, normalise, read_complete_records
 from eagle3.data.extract import extract_features
 from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore, work_folder
@@ -19,6 +23,8 @@ from eagle3.verifier.patch_check import fingerprint
 from eagle3.verifier.render import assistant_spans, render_conversation, render_prompt, user_turn
 
 AUX = [1, 14, 26]
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_truncated_json_array_keeps_complete_records():
@@ -165,6 +171,29 @@ def test_resume_recomputes_a_damaged_shard_and_ignores_another_config(smollm2, f
     assert (out / "shard-00000.safetensors").read_bytes() != (
         uninterrupted / "shard-00000.safetensors"
     ).read_bytes()
+
+
+def test_shards_of_other_extraction_code_are_not_resumed(smollm2, fp, tmp_path, monkeypatch):
+    """`dvc repro` after a change to the code that computes features must extract again, not
+    keep the old shards: their journal key carries the extraction code's digest, and only its."""
+    package = tmp_path / "eagle3"
+    shutil.copytree(REPO / "eagle3", package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_sha256(package, extract.EXTRACTION_CODE)
+    assert before == extract.extraction_code_sha256()  # the copy digests as the package does
+    with open(package / "cli" / "report.py", "a") as f:
+        f.write("# not extraction code\n")
+    assert code_sha256(package, extract.EXTRACTION_CODE) == before
+    with open(package / "verifier" / "capture.py", "a") as f:
+        f.write("# extraction code\n")
+    assert code_sha256(package, extract.EXTRACTION_CODE) != before
+
+    out = tmp_path / "store"
+    extract.extract_features(smollm2, tiny_params(), AUX, fp, out, stop_after_shards=1)
+    kept = (work_folder(out) / "shard-00000.safetensors").stat()
+    monkeypatch.setattr(extract, "extraction_code_sha256", lambda: "other code")
+    extract.extract_features(smollm2, tiny_params(), AUX, fp, out)
+    again = (out / "shard-00000.safetensors").stat()
+    assert (again.st_ino, again.st_mtime_ns) != (kept.st_ino, kept.st_mtime_ns)  # computed anew
 
 
 def test_corrupted_shard_is_detected(uninterrupted, tmp_path):

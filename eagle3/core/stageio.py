@@ -59,6 +59,14 @@ def sha256_files(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def code_sha256(package: Path, parts: tuple[str, ...]) -> str:
+    """One digest of a package's .py files under these folders (or these files), by their paths
+    in the package and their bytes: what keys resumable work to the code that computed it."""
+    paths = [package / part for part in parts]
+    files = sorted(f for path in paths for f in (path.rglob("*.py") if path.is_dir() else [path]))
+    return sha256_json({str(f.relative_to(package)): sha256_file(f) for f in files})
+
+
 def sha256_json(obj: Any) -> str:
     """Digest of a JSON-able value, independent of key order (config and run keys)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()

@@ -15,6 +15,7 @@ batch, equal to the store's.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from safetensors import safe_open
 
 from eagle3.core.params import Params
-from eagle3.core.stageio import sha256_json
+from eagle3.core.stageio import code_sha256, sha256_json
 from eagle3.data.conversations import load_conversations, sample_order
 from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.store import (
@@ -210,12 +211,23 @@ TRANSPORT_KEYS = {
 }
 
 
+# The code that computes a shard's bytes: shards written by other code are not resumed, or
+# `dvc repro` after a change to it keeps the old features (it did when forwards were first padded).
+EXTRACTION_CODE = ("data", "verifier", "sglang", "core/packed.py")
+
+
+@functools.cache
+def extraction_code_sha256() -> str:
+    return code_sha256(Path(__file__).resolve().parents[1], EXTRACTION_CODE)
+
+
 def config_hash(params: Params, fingerprint: dict) -> str:
+    """What a shard's journal entry must match to be resumed: params, target and code."""
     extract = params.extract.model_dump(exclude=TRANSPORT_KEYS)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
         extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}
     material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
-    return sha256_json(material)
+    return sha256_json(material | {"code": extraction_code_sha256()})
 
 
 def _progress() -> Progress:

@@ -18,7 +18,7 @@ from torch import Tensor
 from eagle3.core.device import Shape, resolve_dtype
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, ParamsError, TrainParams
-from eagle3.core.stageio import read_json, sha256_file, sha256_json
+from eagle3.core.stageio import code_sha256, read_json, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
@@ -138,9 +138,7 @@ def run_key(
 @functools.cache
 def training_code_sha256() -> str:
     """One digest of the training code's .py files (their paths in the package and bytes)."""
-    package = Path(__file__).resolve().parents[1]
-    files = sorted(f for folder in TRAINING_CODE for f in (package / folder).rglob("*.py"))
-    return sha256_json({str(f.relative_to(package)): sha256_file(f) for f in files})
+    return code_sha256(Path(__file__).resolve().parents[1], TRAINING_CODE)
 
 
 def warm_start_config(init: InitDrafter, base: DrafterConfig, p: TrainParams) -> DrafterConfig:
