@@ -3,6 +3,7 @@ on CPUs without native bf16; tests that need another dtype load their own)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,30 @@ from eagle3.verifier.load import Target, load_target
 # 48 real ShareGPT conversations (provenance: tests/fixtures/README.md): extraction tests read
 # these instead of parsing the packaged 125 MB file each time.
 SHAREGPT_SAMPLE = Path(__file__).parent / "fixtures" / "sharegpt-48.jsonl"
+
+# The suite runs on two pytest-xdist workers (README: `pytest -n 2 --dist loadgroup`). A module's
+# tests stay on one worker, so a module-scoped built project is built once; modules that share a
+# session-built project (below) form one group, so it is built once too.
+SHARED_PROJECT_GROUPS = {
+    "test_faults": "faults_stages",
+    "test_online": "faults_stages",
+    "test_sglang": "sglang_top_logprobs",
+    "test_sglang_online": "sglang_top_logprobs",
+    "test_sglang_live": "sglang_top_logprobs",
+}
+
+
+# Two workers on two cores: each worker's torch, and the stages it starts, on one thread. Two
+# threads per worker oversubscribe the cores (measured: 25 min of CPU for 16 min of work).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if item.module else item.nodeid
+        item.add_marker(pytest.mark.xdist_group(SHARED_PROJECT_GROUPS.get(module, module)))
 
 
 @pytest.fixture(scope="session")
