@@ -1,8 +1,10 @@
 """Benchmark the drafter's training step: tokens/s, the share of the machine's matmul rate it
-reaches (measured in the same run), and peak memory against the draft vocabulary size.
+reaches (measured in the same run), and tokens/s and peak memory against the draft vocabulary size.
 
     python bench/train.py                      # SmolLM2-sized drafter, K=8192, train.dtype auto
     python bench/train.py --vocab-grid 8192 16384 32768 49152
+    python bench/train.py --target gemma3-270m --batch 2 --seq 384 --ttt 2 \
+        --vocab-grid 32768 16384 65536 262144
 
 Numbers are ratios measured in one process on this machine; nothing here is a timed test.
 The matmul rate is measured on the shapes the step itself multiplies ([B*T, H] x [H, K] etc.).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3.core.device import native_bf16, resolve_dtype  # noqa: E402
+from eagle3.core.device import machine, native_bf16, resolve_dtype  # noqa: E402
 from eagle3.core.params import TargetParams, TrainParams, default_aux_layers  # noqa: E402
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
@@ -33,9 +36,10 @@ from eagle3.train.ttt import TTTModel, flops_per_token_step  # noqa: E402
 from eagle3.verifier.load import load_target_config  # noqa: E402
 
 
-def smollm2_drafter(k: int) -> DrafterConfig:
-    """The drafter train builds for the default target, SmolLM2-135M-Instruct, with draft vocabulary k."""
-    target = load_target_config(TargetParams())
+def drafter_config(k: int, target_source: str = TargetParams().source) -> DrafterConfig:
+    """The drafter train builds for `target_source` (default: SmolLM2-135M-Instruct) with draft
+    vocabulary k (its head trainable, as train.head_trainable: true)."""
+    target = load_target_config(TargetParams(source=target_source))
     return DrafterConfig.from_target_config(target, k, default_aux_layers(target.num_hidden_layers))
 
 
@@ -66,11 +70,11 @@ def synthetic_batch(b: int, t: int, h: int, v: int, dtype: torch.dtype) -> Batch
     )
 
 
-def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int) -> dict:
+def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int, target: str) -> dict:
     dtype = resolve_dtype(dtype_name)
     autocast = dtype == torch.bfloat16
     master = torch.float32 if autocast else dtype
-    cfg = smollm2_drafter(k)
+    cfg = drafter_config(k, target)
     torch.manual_seed(0)
     drafter = Eagle3Drafter(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size).to(dtype)).to(master)
     model = TTTModel(drafter, torch.randn(k, cfg.hidden_size).to(dtype), ttt, 0.8)
@@ -89,7 +93,7 @@ def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int) ->
         if i:  # the first step warms up kernels and allocations
             times.append(time.perf_counter() - started)
             positions = float(stats.count.sum())
-    seconds = sum(times) / len(times)
+    seconds = statistics.median(times)
     c = cfg
     hq, hkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     layer = 2.0 * (
@@ -110,8 +114,8 @@ def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int) ->
     }
 
 
-def peak_memory_child(k: int, b: int, t: int, ttt: int, dtype_name: str) -> None:
-    train_rate(k, b, t, ttt, dtype_name, steps=1)
+def peak_memory_child(k: int, b: int, t: int, ttt: int, dtype_name: str, target: str) -> None:
+    train_rate(k, b, t, ttt, dtype_name, steps=1, target=target)
     peak = (
         torch.cuda.max_memory_allocated()
         if torch.cuda.is_available()
@@ -122,6 +126,7 @@ def peak_memory_child(k: int, b: int, t: int, ttt: int, dtype_name: str) -> None
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=TargetParams().source, help="target.source (default: %(default)s)")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
@@ -132,26 +137,30 @@ def main() -> None:
     ap.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        peak_memory_child(args.memory_child, args.batch, args.seq, args.ttt, args.dtype)
+        peak_memory_child(args.memory_child, args.batch, args.seq, args.ttt, args.dtype, args.target)
         return
     compute = resolve_dtype(args.dtype)
+    print(f"{machine()}; target {args.target}")
     print(f"threads {torch.get_num_threads()}, native bf16: {native_bf16()}, compute dtype {compute}")
-    m = args.batch * args.seq
-    bf16 = matmul_rate(torch.bfloat16, m, 576, args.draft_vocab, seconds=1.0)
-    fp32 = matmul_rate(torch.float32, m, 576, args.draft_vocab)
-    run = train_rate(args.draft_vocab, args.batch, args.seq, args.ttt, args.dtype, args.steps)
+    m, h = args.batch * args.seq, drafter_config(args.draft_vocab, args.target).hidden_size
+    bf16 = matmul_rate(torch.bfloat16, m, h, args.draft_vocab, seconds=1.0)
+    fp32 = matmul_rate(torch.float32, m, h, args.draft_vocab)
+    run = train_rate(args.draft_vocab, args.batch, args.seq, args.ttt, args.dtype, args.steps, args.target)
     rate = run["matmul_flops_per_s"]
     own = bf16 if compute == torch.bfloat16 else fp32
     print(
         f"matmul rate here: bf16 {bf16 / 1e9:,.1f} GFLOP/s, fp32 {fp32 / 1e9:,.1f} GFLOP/s "
-        f"(shape [{m}, 576] x [576, {args.draft_vocab}], fwd + bwd products)"
+        f"(shape [{m}, {h}] x [{h}, {args.draft_vocab}], fwd + bwd products)"
     )
     print(
         f"train step: {run['tokens_per_s']:,.0f} tokens/s (B={args.batch}, T={args.seq}, TTT={args.ttt}, "
         f"K={args.draft_vocab}), {rate / 1e9:,.1f} GFLOP/s of needed matmul work"
     )
     print(f"  = {rate / bf16:.0%} of the bf16 matmul rate, {rate / own:.0%} of the {compute} matmul rate")
-    print("peak memory by draft vocabulary size (fresh process each):")
+    print(f"by draft vocabulary: step tokens/s (median of {args.steps}), peak memory (fresh process each)")
+    rates = {}
+    for k in args.vocab_grid:
+        rates[k] = train_rate(k, args.batch, args.seq, args.ttt, args.dtype, args.steps, args.target)
     for k in args.vocab_grid:
         cmd = [
             sys.executable,
@@ -166,14 +175,20 @@ def main() -> None:
             str(args.ttt),
             "--dtype",
             args.dtype,
+            "--target",
+            args.target,
         ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         peak = json.loads(out)["peak_bytes"] / 2**30
         est = estimate_peak_gib(
-            smollm2_drafter(k),
+            drafter_config(k, args.target),
             TrainParams(batch_size=args.batch, seq_len=args.seq, ttt_length=args.ttt),
         )
-        print(f"  K={k:>7,}: peak {peak:5.2f} GiB (estimate used by the pre-flight check: {est:5.2f} GiB)")
+        ratio = rates[k]["tokens_per_s"] / rates[args.vocab_grid[0]]["tokens_per_s"]
+        print(
+            f"  K={k:>7,}: {rates[k]['tokens_per_s']:8,.0f} tok/s ({ratio:.2f}x K={args.vocab_grid[0]:,}), "
+            f"peak {peak:5.2f} GiB (estimate used by the pre-flight check: {est:5.2f} GiB)"
+        )
 
 
 if __name__ == "__main__":
