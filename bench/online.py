@@ -30,11 +30,15 @@ import yaml
 from eagle3.core.device import machine
 
 REPO = Path(__file__).resolve().parents[1]
-# runs a stage module in this process and prints the process's peak RSS when it exits
+# runs a stage module in this process and prints the process's peak RSS when it exits: VmHWM,
+# since getrusage's ru_maxrss is carried across exec (a child would report at least this
+# bench's own peak)
 PEAK = (
-    "import atexit, resource, runpy, sys\n"
-    "atexit.register(lambda: print(f'PEAK_RSS_KB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}',"
-    " file=sys.stderr))\n"
+    "import atexit, runpy, sys\n"
+    "def peak():\n"
+    "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
+    "    print(f'PEAK_RSS_KB {hwm}', file=sys.stderr)\n"
+    "atexit.register(peak)\n"
     "runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)\n"
 )
 

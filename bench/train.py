@@ -114,13 +114,20 @@ def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int, ta
     }
 
 
+def own_peak_rss_bytes() -> int:
+    """This process's peak RSS: VmHWM, not getrusage's ru_maxrss, which Linux carries across
+    exec, so a child spawned by this bench reported the bench's own peak (7.4 GiB for every K)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no procfs: an upper bound
+
+
 def peak_memory_child(k: int, b: int, t: int, ttt: int, dtype_name: str, target: str) -> None:
     train_rate(k, b, t, ttt, dtype_name, steps=1, target=target)
-    peak = (
-        torch.cuda.max_memory_allocated()
-        if torch.cuda.is_available()
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    )
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else own_peak_rss_bytes()
     print(json.dumps({"peak_bytes": peak}))
 
 
