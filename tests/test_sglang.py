@@ -596,8 +596,8 @@ def build_top_logprobs_project(folder: Path) -> TopLogprobsProject:
         final.close()
 
 
-def copy_top_logprobs_project(built: TopLogprobsProject, tmp_path: Path, aux_url: str):
-    """A copy of the built project whose params name the server at `aux_url`; its stage runner."""
+def copy_top_logprobs_project(built: TopLogprobsProject, tmp_path: Path, aux_url: str | list[str]):
+    """A copy of the built project whose params name the server(s) at `aux_url`; its stage runner."""
     raw = json.loads(json.dumps(built.raw))
     raw["extract"]["sglang_url"] = aux_url
     project = tmp_path / "project"

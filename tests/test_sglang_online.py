@@ -9,11 +9,12 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from test_sglang import ReplayHandler, copy_top_logprobs_project, servers  # noqa: F401
+from test_sglang import Replay, ReplayHandler, copy_top_logprobs_project, servers  # noqa: F401
 
 from eagle3.data.store import FeatureStore
 
@@ -128,3 +129,41 @@ def test_online_features_from_sglang_servers_train_the_stored_drafter(
         assert not (project / DRAFTER / "model.safetensors").exists()
     finally:
         down.restore()
+
+
+@pytest.mark.timeout(1800)
+def test_online_under_torchrun_asks_each_row_once_and_trains_the_two_rank_store_drafter(
+    sglang_top_logprobs, tmp_path
+):
+    """train.num_processes 2 against two replay servers (data-parallel extract.sglang_url): the
+    online drafter equals the one two ranks train from the store, every sample is asked for once
+    an epoch (each training row by its rank, the held-out row by rank 0) and both servers work.
+    tests/test_sglang_online_live.py runs the same against two live SGLang servers."""
+    first, second = Replay("aux"), Replay("aux")
+    try:
+        urls = [first.url, second.url]
+        project, raw, stage = copy_top_logprobs_project(sglang_top_logprobs, tmp_path, urls)
+        raw["train"] |= {"num_processes": 2, "batch_size": 2}
+        set_params(project, raw, recheck_every=0)  # every request below is a row (the re-check: above)
+        trained = {}
+        for mode in ("store", "online"):
+            if mode == "online":
+                set_params(project, raw, features="online")
+                assert stage("extract").returncode == 0 and stage("vocab_map").returncode == 0
+                first.requests.clear()
+                second.requests.clear()
+            for path in (project / DRAFTER, project / "artifacts/train/checkpoints"):
+                subprocess.run(["rm", "-rf", str(path)], check=True)
+            done = stage("train")
+            assert done.returncode == 0, done.stderr[-3000:]
+            trained[mode] = drafter_bytes(project)
+        store = FeatureStore(project / "artifacts/extract")
+        epochs = raw["train"]["epochs"]
+        samples = Counter(tuple(store.sample(i)["input_ids"].tolist()) for i in range(len(store)))
+        requested = Counter(tuple(body["input_ids"]) for body in first.requests + second.requests)
+        assert requested == Counter({ids: n * epochs for ids, n in samples.items()})
+        assert first.requests and second.requests
+        assert trained["online"] == trained["store"]
+    finally:
+        first.close()
+        second.close()
