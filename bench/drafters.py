@@ -2,10 +2,11 @@
 
     python -m bench.drafters drafters/smollm2-135m-instruct-full OTHER_DRAFTER [MORE ...]
         [--prompts 24] [--tokens 128] [--mode tree --k 2 --topk 4 --budget 6] [--lookup 4]
-        [--json FILE]
+        [--lookup-branch 0] [--json FILE]
 
 Deciding whether a new drafter replaces a shipped one: each prompt is decoded plain,
-by each drafter's engine (drafter alone, as SGLang and vLLM serve it) and, with --lookup N, by
+by each drafter's engine (drafter alone, as SGLang and vLLM serve it; with --lookup-branch N,
+its tree carries eagle3's N-token prompt-lookup branch, eval.lookup_tokens) and, with --lookup N, by
 transformers' prompt lookup, back to back in rotating order, so machine noise hits all alike.
 Greedy acceptance is deterministic; speeds are not. Every figure has a bootstrap interval over
 prompts, and the differences are paired (the same resampled prompts for both sides,
@@ -90,6 +91,12 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--budget", type=int, default=6)
     ap.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens of the peer (0 = skip)")
+    ap.add_argument(
+        "--lookup-branch",
+        type=int,
+        default=0,
+        help="eval.lookup_tokens: an N-token prompt-lookup branch in each drafter's tree (0 = alone)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="of the bootstrap resamples")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (eagle3 report --paired)")
     args = ap.parse_args()
@@ -105,6 +112,7 @@ def main() -> None:
     setup_a = DecodingSetup.load(target, paths["A"], args.drafter_dtype)
     setups = {name: setup_a if name == "A" else setup_a.with_drafter(path) for name, path in paths.items()}
     settings = {"mode": args.mode, "k": args.k, "topk": args.topk, "tree_budget": args.budget}
+    settings["lookup_tokens"] = args.lookup_branch
     engines = {name: s.engine(**settings) for name, s in setups.items()}
     model, eos, n = setup_a.target.model, setup_a.eos, args.tokens
 
@@ -118,7 +126,8 @@ def main() -> None:
     for name, path in paths.items():
         print(f"{name}: {path}")
     tree = f" topk={args.topk} budget={args.budget}" if args.mode == "tree" else ""
-    print(f"{args.prompts} MT-bench prompts x {n} tokens, {args.mode} k={args.k}{tree}, drafters alone")
+    how = f"with a {args.lookup_branch}-token lookup branch" if args.lookup_branch else "drafters alone"
+    print(f"{args.prompts} MT-bench prompts x {n} tokens, {args.mode} k={args.k}{tree}, {how}")
     rows = decode_prompts(decoders, mtbench_prompts(setup_a.target, args.prompts), on_prompt=print_rates)
     summary = summarize(rows, list(paths), bool(args.lookup), args.seed)
     report(summary)
