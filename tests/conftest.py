@@ -19,13 +19,18 @@ SHAREGPT_SAMPLE = Path(__file__).parent / "fixtures" / "sharegpt-48.jsonl"
 
 # The suite runs on two pytest-xdist workers (README: `pytest -n 2 --dist loadgroup`). A module's
 # tests stay on one worker, so a module-scoped built project is built once; modules that share a
-# session-built project (below) form one group, so it is built once too.
+# session-built project (below) form one group, so it is built once too. The live SGLang modules
+# (run only with EAGLE3_SGLANG_PYTHON) form one group as well: their servers (~3.7 GB each) then
+# run one module at a time, not two modules' at once.
 SHARED_PROJECT_GROUPS = {
     "test_faults": "faults_stages",
     "test_online": "faults_stages",
     "test_sglang": "sglang_top_logprobs",
     "test_sglang_online": "sglang_top_logprobs",
-    "test_sglang_live": "sglang_top_logprobs",
+    "test_sglang_live": "live_sglang_servers",
+    "test_sglang_online_live": "live_sglang_servers",
+    "test_sglang_eval_live": "live_sglang_servers",
+    "test_sglang_kernels_live": "live_sglang_servers",
 }
 
 
