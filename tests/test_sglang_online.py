@@ -14,15 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_online import CHECKPOINTS, DRAFTER, drafter_bytes
 from test_sglang import Replay, ReplayHandler, copy_top_logprobs_project, servers  # noqa: F401
 
 from eagle3.data.store import FeatureStore
-
-DRAFTER = "artifacts/train/drafter"
-
-
-def drafter_bytes(project: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((project / DRAFTER).iterdir())}
 
 
 def set_params(project: Path, raw: dict, **extract) -> None:
@@ -102,7 +97,7 @@ def test_online_features_from_sglang_servers_train_the_stored_drafter(
     # online training, with the server going away mid-training: one line names it, training waits,
     # then finishes with the stored drafter's bytes (an uninterrupted online run was trained here
     # too before; every batch but the one retried takes its path, so this run proves it as well)
-    for path in (project / DRAFTER, project / "artifacts/train/checkpoints"):
+    for path in (project / DRAFTER, project / CHECKPOINTS):
         subprocess.run(["rm", "-rf", str(path)], check=True)
     down = Down(aux, after=len(aux.requests) + 2)
     try:
@@ -117,7 +112,7 @@ def test_online_features_from_sglang_servers_train_the_stored_drafter(
         assert drafter_bytes(project) == stored
 
         # ...and comes back relaunched with other args: refused as extract refuses it
-        for path in (project / DRAFTER, project / "artifacts/train/checkpoints"):
+        for path in (project / DRAFTER, project / CHECKPOINTS):
             subprocess.run(["rm", "-rf", str(path)], check=True)
         down.after, down.down = len(aux.requests) + 2, False
         proc = start_train(project, log)
@@ -152,7 +147,7 @@ def test_online_under_torchrun_asks_each_row_once_and_trains_the_two_rank_store_
                 assert stage("extract").returncode == 0 and stage("vocab_map").returncode == 0
                 first.requests.clear()
                 second.requests.clear()
-            for path in (project / DRAFTER, project / "artifacts/train/checkpoints"):
+            for path in (project / DRAFTER, project / CHECKPOINTS):
                 subprocess.run(["rm", "-rf", str(path)], check=True)
             done = stage("train")
             assert done.returncode == 0, done.stderr[-3000:]

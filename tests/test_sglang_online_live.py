@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_online import CHECKPOINTS, DRAFTER, drafter_bytes
 from test_sglang_live import (
     AUX_ARGS,
     LiveServer,
@@ -34,8 +35,6 @@ from test_sglang_live import (
 
 from eagle3.data.store import FeatureStore
 
-DRAFTER = "artifacts/train/drafter"
-CHECKPOINTS = "artifacts/train/checkpoints"
 SAMPLES = 8
 
 
@@ -103,10 +102,6 @@ def two_servers(tmp_path_factory) -> Iterator[list[RecordingProxy]]:
             proxy.shutdown()
         for server in servers:
             server.stop()
-
-
-def drafter_bytes(project: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted((project / DRAFTER).iterdir())}
 
 
 def train_two_ranks(project: Path) -> dict[str, bytes]:
