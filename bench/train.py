@@ -5,11 +5,14 @@ reaches (measured in the same run), and tokens/s and peak memory against the dra
     python bench/train.py --vocab-grid 8192 16384 32768 49152
     python bench/train.py --target gemma3-270m --batch 2 --seq 384 --ttt 2 \
         --vocab-grid 32768 16384 65536 262144
+    python bench/train.py --device cuda --target tests/fixtures/kimi-k2.5 --batch 1 --seq 2048 \
+        --ttt 7 --dtype bfloat16 --draft-vocab 32768 --vocab-grid 16384 32768 65536 163840
 
 Numbers are ratios measured in one process on this machine; nothing here is a timed test.
 The matmul rate is measured on the shapes the step itself multiplies ([B*T, H] x [H, K] etc.).
 Peak memory of each draft vocab size is the max RSS (CPU) or max allocated (GPU) of a fresh
-subprocess running a few steps.
+subprocess running a few steps. A target given as a bare config.json (tests/fixtures/kimi-k2.5)
+needs no weights: every tensor here is random.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from eagle3.train.prepare import estimate_peak_gib  # noqa: E402
 from eagle3.train.ttt import TTTModel, flops_per_token_step  # noqa: E402
 from eagle3.verifier.load import load_target_config  # noqa: E402
 
+CPU = torch.device("cpu")
+
 
 @functools.cache
 def _target_config(source: str):  # read once: a GGUF target's config takes seconds to load
@@ -46,19 +51,29 @@ def drafter_config(k: int, target_source: str = TargetParams().source) -> Drafte
     """The drafter train builds for `target_source` (default: SmolLM2-135M-Instruct) with draft
     vocabulary k (its head trainable, as train.head_trainable: true)."""
     target = _target_config(target_source)
-    return DrafterConfig.from_target_config(target, k, default_aux_layers(target.num_hidden_layers))
+    layers = target.get_text_config().num_hidden_layers  # Kimi-K2.5 nests its LM under text_config
+    return DrafterConfig.from_target_config(target, k, default_aux_layers(layers))
 
 
-def matmul_rate(dtype: torch.dtype, m: int, k: int, n: int, seconds: float = 1.5) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":  # kernels run asynchronously: time them done
+        torch.cuda.synchronize(device)
+
+
+def matmul_rate(
+    dtype: torch.dtype, m: int, k: int, n: int, seconds: float = 1.5, device: torch.device = CPU
+) -> float:
     """FLOP/s of [m, k] x [k, n] (forward) and its two backward products, like nn.Linear does."""
-    a, w, g = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype)
+    a, w, g = (torch.randn(*shape, dtype=dtype, device=device) for shape in ((m, k), (n, k), (m, n)))
     a @ w.T  # warm up
+    _sync(device)
     flops, started = 0.0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         a @ w.T
         g @ w
         g.T @ a
         flops += 3 * 2 * m * k * n
+        _sync(device)
     return flops / (time.perf_counter() - started)
 
 
@@ -76,26 +91,32 @@ def synthetic_batch(b: int, t: int, h: int, v: int, dtype: torch.dtype) -> Batch
     )
 
 
-def train_rate(k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int, target: str) -> dict:
+def train_rate(
+    k: int, b: int, t: int, ttt: int, dtype_name: str, steps: int, target: str, device: torch.device = CPU
+) -> dict:
     dtype = resolve_dtype(dtype_name)
     autocast = dtype == torch.bfloat16
     master = torch.float32 if autocast else dtype
     cfg = drafter_config(k, target)
     torch.manual_seed(0)
-    drafter = Eagle3Drafter(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size).to(dtype)).to(master)
-    model = TTTModel(drafter, torch.randn(k, cfg.hidden_size).to(dtype), ttt, 0.8)
+    with device:  # built where it trains: a Kimi-sized drafter is GiBs to copy
+        drafter = Eagle3Drafter(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size).to(dtype)).to(master)
+        model = TTTModel(drafter, torch.randn(k, cfg.hidden_size).to(dtype), ttt, 0.8)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     batch = synthetic_batch(b, t, cfg.hidden_size, cfg.vocab_size, torch.bfloat16 if autocast else master)
+    batch = batch if device.type == "cpu" else batch.to(device)
     times, positions = [], 0.0
     for i in range(steps + 1):
+        _sync(device)
         started = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             loss, stats = model(batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _sync(device)
         if i:  # the first step warms up kernels and allocations
             times.append(time.perf_counter() - started)
             positions = float(stats.count.sum())
@@ -131,9 +152,11 @@ def own_peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no procfs: an upper bound
 
 
-def peak_memory_child(k: int, b: int, t: int, ttt: int, dtype_name: str, target: str) -> None:
-    train_rate(k, b, t, ttt, dtype_name, steps=1, target=target)
-    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else own_peak_rss_bytes()
+def peak_memory_child(
+    k: int, b: int, t: int, ttt: int, dtype_name: str, target: str, device: torch.device
+) -> None:
+    train_rate(k, b, t, ttt, dtype_name, steps=1, target=target, device=device)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else own_peak_rss_bytes()
     print(json.dumps({"peak_bytes": peak}))
 
 
@@ -147,18 +170,30 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--vocab-grid", type=int, nargs="*", default=[8192, 16384, 32768, 49152])
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda where there is one)")
     ap.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
     if args.memory_child:
-        peak_memory_child(args.memory_child, args.batch, args.seq, args.ttt, args.dtype, args.target)
+        peak_memory_child(args.memory_child, args.batch, args.seq, args.ttt, args.dtype, args.target, device)
         return
     compute = resolve_dtype(args.dtype)
-    print(f"{machine()}; target {args.target}")
+    print(f"{machine()}; target {args.target}; device {device}")
     print(f"threads {torch.get_num_threads()}, native bf16: {native_bf16()}, compute dtype {compute}")
     m, h = args.batch * args.seq, drafter_config(args.draft_vocab, args.target).hidden_size
-    bf16 = matmul_rate(torch.bfloat16, m, h, args.draft_vocab, seconds=1.0)
-    fp32 = matmul_rate(torch.float32, m, h, args.draft_vocab)
-    run = train_rate(args.draft_vocab, args.batch, args.seq, args.ttt, args.dtype, args.steps, args.target)
+    bf16 = matmul_rate(torch.bfloat16, m, h, args.draft_vocab, seconds=1.0, device=device)
+    fp32 = matmul_rate(torch.float32, m, h, args.draft_vocab, device=device)
+    rate_of = functools.partial(
+        train_rate,
+        b=args.batch,
+        t=args.seq,
+        ttt=args.ttt,
+        dtype_name=args.dtype,
+        steps=args.steps,
+        target=args.target,
+    )
+    run = rate_of(args.draft_vocab, device=device)
     rate = run["matmul_flops_per_s"]
     own = bf16 if compute == torch.bfloat16 else fp32
     print(
@@ -174,7 +209,7 @@ def main() -> None:
     rates = {args.draft_vocab: run}  # the step measured above is not measured again
     for k in args.vocab_grid:
         if k not in rates:
-            rates[k] = train_rate(k, args.batch, args.seq, args.ttt, args.dtype, args.steps, args.target)
+            rates[k] = rate_of(k, device=device)
     for k in args.vocab_grid:
         cmd = [
             sys.executable,
@@ -191,6 +226,8 @@ def main() -> None:
             args.dtype,
             "--target",
             args.target,
+            "--device",
+            str(device),
         ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         peak = json.loads(out)["peak_bytes"] / 2**30

@@ -22,6 +22,7 @@ import torch
 from tiny_drafters import tiny_drafter_config
 
 import eagle3.train.argmax as argmax_module
+import eagle3.train.loop as loop_module
 from eagle3.core.params import ParamsError, TrainParams, parse_params
 from eagle3.core.stageio import write_json
 from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
@@ -280,6 +281,23 @@ def test_training_learns_and_reports(tmp_path):
     assert last["loss"] < first["loss"]
     assert len(out.metrics["heldout"]["acc"]) == 3 and 1.0 <= out.metrics["acceptance_length"] <= 4.0
     assert out.metrics["steps"] == len(out.curve)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tools/gpu_check.sh runs it)")
+def test_a_gpu_trains_the_cpu_drafter(tmp_path, monkeypatch):
+    """The loop on the GPU (device_of picks it) and on the CPU from the same inputs in float32:
+    the same curve and weights up to rounding, so no step or loss is computed differently there."""
+    p = tiny_params(epochs=2)
+    gpu = train_drafter(p, tiny_inputs(tmp_path / "gpu"))
+    assert next(gpu.drafter.parameters()).device.type == "cuda"
+    monkeypatch.setattr(loop_module, "device_of", lambda d: torch.device("cpu"))
+    cpu = train_drafter(p, tiny_inputs(tmp_path / "cpu"))
+    assert next(cpu.drafter.parameters()).device.type == "cpu"
+    assert len(gpu.curve) == len(cpu.curve)
+    for on_gpu, on_cpu in zip(gpu.curve, cpu.curve, strict=True):
+        assert on_gpu["loss"] == pytest.approx(on_cpu["loss"], rel=1e-3)
+    weights = {k: v.cpu() for k, v in gpu.drafter.state_dict().items()}
+    torch.testing.assert_close(weights, cpu.drafter.state_dict(), rtol=1e-3, atol=1e-3)
 
 
 def test_eagle31_trains_exports_and_reloads(tmp_path):
