@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import resource
 import statistics
@@ -210,6 +211,9 @@ def main() -> None:
     for k in args.vocab_grid:
         if k not in rates:
             rates[k] = rate_of(k, device=device)
+    if device.type == "cuda":  # the children below need the GPU memory this process cached
+        gc.collect()
+        torch.cuda.empty_cache()
     for k in args.vocab_grid:
         cmd = [
             sys.executable,
@@ -229,8 +233,10 @@ def main() -> None:
             "--device",
             str(device),
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-        peak = json.loads(out)["peak_bytes"] / 2**30
+        child = subprocess.run(cmd, capture_output=True, text=True)
+        if child.returncode:
+            sys.exit(f"the peak-memory run of K={k:,} failed:\n{child.stderr[-3000:]}")
+        peak = json.loads(child.stdout.strip().splitlines()[-1])["peak_bytes"] / 2**30
         est = estimate_peak_gib(
             drafter_config(k, args.target),
             TrainParams(batch_size=args.batch, seq_len=args.seq, ttt_length=args.ttt),

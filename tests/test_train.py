@@ -422,7 +422,9 @@ def _ddp_worker(out: Path, folder: Path) -> None:
 def test_two_process_gloo_matches_one_process(tmp_path):
     one = tmp_path / "one.pt"
     two = tmp_path / "two.pt"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    # gloo on the CPU, also on a machine with a GPU (two ranks there would want two GPUs)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     for nproc, out in ((1, one), (2, two)):
         env["EAGLE3_CACHE"] = str(tmp_path / f"cache{nproc}")
         cmd = [

@@ -301,8 +301,9 @@ class TrainRecipe:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        tokens = torch.tensor([[batch.num_tokens] * p.ttt_length], dtype=torch.float64)
-        reduced = all_reduce(torch.cat([stats.as_tensor(), tokens]), d)
+        # summed on the step's device (NCCL reduces GPU tensors only), read on the CPU
+        tokens = torch.tensor([[batch.num_tokens] * p.ttt_length], dtype=torch.float64, device=self.device)
+        reduced = all_reduce(torch.cat([stats.as_tensor(), tokens]), d).cpu()
         self.epoch_sums.add(reduced[:3])
         self._tokens_seen += int(reduced[3, 0])
         return _curve_row(
@@ -343,7 +344,7 @@ class TrainRecipe:
                         simulated[name].append(lengths_of_shape.cpu())
                 acc.add(stats.as_tensor())
                 if hits is not None and len(hits):
-                    lengths.append(acceptance_length(hits))
+                    lengths.append(acceptance_length(hits).cpu())
         out = acc.summary()
         alen = torch.cat(lengths).double() if lengths else torch.ones(1, dtype=torch.float64)
         out["acceptance_length"] = float(alen.mean())
@@ -469,7 +470,7 @@ class _Accumulator:
         self.sums = torch.zeros(3, steps, dtype=torch.float64)
 
     def add(self, stats: Tensor) -> None:
-        self.sums += stats
+        self.sums += stats.cpu()
 
     def summary(self) -> dict:
         loss, correct, count = self.sums

@@ -143,7 +143,7 @@ class TTTModel(nn.Module):
         hidden = m.project(batch.aux_hidden)
         cache = TTTCache()
         loss = hidden.new_zeros((), dtype=torch.float32)
-        loss_sum, correct = torch.zeros(L, dtype=torch.float64), torch.zeros(L, dtype=torch.float64)
+        loss_sum, correct = (torch.zeros(L, dtype=torch.float64, device=counts.device) for _ in range(2))
         start = valid[0].nonzero(as_tuple=True) if chains else None
         chain_hits = []
         for k in range(L):
