@@ -23,4 +23,4 @@ folder.mkdir(exist_ok=True)
 PY
 timeout 240 python3 bench/train.py --device cuda --target /tmp/kimi-k2.5-text --batch 1 --seq 2048 --ttt 7 \
     --dtype bfloat16 --steps 3 --draft-vocab 32768 --vocab-grid 16384 32768 65536 163840 2>&1 | tee "$out/bench-train-kimi.log"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_train.py tests/test_simulate.py 2>&1 | tee "$out/pytest-train.log"
+CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_train.py tests/test_simulate.py 2>&1 | tee "$out/pytest-train.log"

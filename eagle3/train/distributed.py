@@ -67,9 +67,13 @@ def init_distributed() -> Dist:
 
 
 def device_of(d: Dist) -> torch.device:
-    """This rank's GPU, or the CPU."""
+    """This rank's GPU, or the CPU. On a GPU, deterministic kernels only: same params and inputs
+    give the same bytes there too, and a resumed run the bytes of an unbroken one (the default
+    atomics-based backward kernels do not)."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+    torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{d.local_rank}")
     torch.cuda.set_device(device)
     return device

@@ -400,7 +400,9 @@ class TrainRecipe:
             "chance_acc": 1.0 / self.cfg.draft_vocab_size,
             "init": self.init_check,
         }
-        return TrainOutcome(drafter=self.drafter, metrics=metrics, curve=self.curve, epochs=self.epochs)
+        # handed back on the CPU, where export and the callers read it (a no-op on a CPU run)
+        drafter = self.drafter.cpu()
+        return TrainOutcome(drafter=drafter, metrics=metrics, curve=self.curve, epochs=self.epochs)
 
 
 def train_drafter(
