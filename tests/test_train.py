@@ -287,12 +287,14 @@ def test_training_learns_and_reports(tmp_path):
 def test_a_gpu_trains_the_cpu_drafter(tmp_path, monkeypatch):
     """The loop on the GPU (device_of picks it) and on the CPU from the same inputs in float32:
     the same curve and weights up to rounding, so no step or loss is computed differently there."""
-    p = tiny_params(epochs=2)
+    p, used = tiny_params(epochs=2), []
+    chosen = loop_module.device_of
+    monkeypatch.setattr(loop_module, "device_of", lambda d: used.append(chosen(d)) or used[-1])
     gpu = train_drafter(p, tiny_inputs(tmp_path / "gpu"))
-    assert next(gpu.drafter.parameters()).device.type == "cuda"
-    monkeypatch.setattr(loop_module, "device_of", lambda d: torch.device("cpu"))
+    monkeypatch.setattr(loop_module, "device_of", lambda d: used.append(torch.device("cpu")) or used[-1])
     cpu = train_drafter(p, tiny_inputs(tmp_path / "cpu"))
-    assert next(cpu.drafter.parameters()).device.type == "cpu"
+    assert [d.type for d in used] == ["cuda", "cpu"]
+    assert next(gpu.drafter.parameters()).device.type == "cpu"  # handed back on the CPU
     assert len(gpu.curve) == len(cpu.curve)
     for on_gpu, on_cpu in zip(gpu.curve, cpu.curve, strict=True):
         assert on_gpu["loss"] == pytest.approx(on_cpu["loss"], rel=1e-3)
