@@ -6,6 +6,7 @@ torchrun directly (`torchrun --nproc_per_node N -m stages.train`) it just joins 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,12 +15,20 @@ from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import write_metrics
 from eagle3.core.tracking import pipeline_run
 from eagle3.drafter.export import export_drafter
-from eagle3.train.distributed import is_main_process, launched_by_torchrun, relaunch_under_torchrun
+from eagle3.train.distributed import (
+    CUBLAS_DETERMINISTIC,
+    is_main_process,
+    launched_by_torchrun,
+    relaunch_under_torchrun,
+)
 from eagle3.train.loop import train_drafter
 from eagle3.train.online import OnlineSource, hf_features, online_source
 from eagle3.train.prepare import TrainInputs, prepare_inputs
 from eagle3.train.report import RunLogger, stage_metrics, summary_line, write_plots
 from stages.common import console, reported_failures, validated_params
+
+# before any CUDA work of this process (the online target's forward too): deterministic GPU training
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
 
 FEATURES = Path("artifacts/extract")
 MAPPING_DIR = Path("artifacts/vocab-map")

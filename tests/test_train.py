@@ -588,6 +588,34 @@ def test_the_target_argmax_is_kept_per_feature_store_and_trains_the_same_bytes(t
     assert all(torch.equal(cold[k], warm[k]) and torch.equal(cold[k], uncached[k]) for k in cold)
 
 
+def test_a_killed_argmax_pass_keeps_what_it_wrote_and_the_next_computes_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(argmax_module, "CHUNK", 4)
+    monkeypatch.setattr(argmax_module, "WRITE_EVERY_S", 0.0)  # write after every chunk
+    inputs = tiny_inputs(tmp_path / "f")
+    store, head, samples = inputs.store, inputs.head, list(range(len(inputs.store)))
+    one_sample, computed = argmax_module._argmax, []
+
+    def killed_at_the_tenth(store, s, head):
+        if len(computed) == 9:
+            raise KeyboardInterrupt
+        computed.append(s)
+        return one_sample(store, s, head)
+
+    monkeypatch.setattr(argmax_module, "_argmax", killed_at_the_tenth)
+    with pytest.raises(KeyboardInterrupt):
+        target_argmax(store, samples, head, "m")
+    assert len(torch.load(cache_file("m", head), weights_only=True)) == 8  # two whole chunks
+    computed.clear()
+    monkeypatch.setattr(
+        argmax_module, "_argmax", lambda store, s, head: computed.append(s) or one_sample(store, s, head)
+    )
+    resumed = target_argmax(store, samples, head, "m")
+    assert computed == samples[8:]
+    direct = target_argmax(store, samples, head)  # no cache at all
+    assert all(torch.equal(resumed[s], direct[s]) for s in samples)
+
+
 def test_a_run_sees_few_matmul_shapes_and_the_same_loss(tmp_path, monkeypatch):
     """Batch widths and the head's row counts are padded to fixed multiples (each new shape made
     oneDNN build and cache kernels, and peak RSS grew with the steps); the padding changes no loss."""

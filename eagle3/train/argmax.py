@@ -5,7 +5,8 @@ draft vocabulary. That argmax is a [T, H] x [H, V] product over every stored tok
 for 4.36M tokens on a 2-core CPU, docs/results.md), the same for every run on those features,
 whatever its learning rate, epochs or vocab.size. So it is kept in the machine cache
 (eagle3.core.cache), keyed by the features' manifest, the head's bytes and the machine, and a
-later run or a resume reads it back. Each sample is multiplied alone, in fixed row blocks, so a
+later run or a resume reads it back; a pass killed halfway keeps what it wrote (at least once a
+minute) and the next run computes only the rest. Each sample is multiplied alone, in fixed row blocks, so a
 value never depends on which samples were computed with it: a run from the cache and a run
 without one train the same bytes, and under torchrun the ranks split the samples between them.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +31,8 @@ from eagle3.train.distributed import SINGLE_PROCESS, Dist, all_gather_dict
 VERSION = 2  # 2: blocks padded to ROW_MULTIPLE rows
 ROWS = 2048  # rows per product: bounds the [rows, V] logits of a long sample
 ROW_MULTIPLE = 64
+CHUNK = 64  # samples per rank between exchanges (and chances to write the cache)
+WRITE_EVERY_S = 60.0  # the cache is rewritten whole, so not after every chunk
 
 
 def cache_file(features_sha256: str, head: Tensor) -> Path:
@@ -73,9 +77,16 @@ def target_argmax(
     path = cache_file(features_sha256, head) if features_sha256 else None
     kept = _read(path) if path else {}
     missing = [s for s in samples if s not in kept]
-    kept.update(all_gather_dict({s: _argmax(store, s, head) for s in missing[d.rank :: d.world]}, d))
-    if path and missing and d.main:
-        _write(path, kept)
+    written = time.monotonic()
+    # in chunks, the cache written as it grows: a run killed during a pass of hours resumes it
+    step = CHUNK * d.world
+    for i in range(0, len(missing), step):
+        mine = missing[i : i + step][d.rank :: d.world]
+        kept.update(all_gather_dict({s: _argmax(store, s, head) for s in mine}, d))
+        last = i + step >= len(missing)
+        if path and d.main and (last or time.monotonic() - written > WRITE_EVERY_S):
+            _write(path, kept)
+            written = time.monotonic()
     return {s: kept[s] for s in samples}
 
 

@@ -56,6 +56,11 @@ def relaunch_under_torchrun(n: int, module: str) -> int:
     return subprocess.call(cmd, env=env)
 
 
+# cuBLAS's workspace that makes its products deterministic; read when cuBLAS starts, so the train
+# stage sets it before any CUDA work of its process
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
 def init_distributed() -> Dist:
     """Join the torchrun group when launched by torchrun (gloo on CPU, nccl on GPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -72,7 +77,7 @@ def device_of(d: Dist) -> torch.device:
     atomics-based backward kernels do not)."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)  # too late if cuBLAS started
     torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{d.local_rank}")
     torch.cuda.set_device(device)
