@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from bench.decoding import load_pair, mtbench_prompts
 from eagle3.core.device import DTYPES
+from eagle3.core.inputs import InputError
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import Diverged, decode_prompts, prompt_lookup_decode
+from eagle3.decoding.setup import check_draft_depth
+from eagle3.drafter.export import trained_ttt_length
 
 
 def parse_shape(text: str) -> dict:
@@ -48,10 +52,18 @@ def main() -> None:
     ap.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens (0 = skip)")
     ap.add_argument("--shapes", nargs="+", default=["chain:2", "tree:2:4:6", "tree:2:6:8", "tree:2:8:10"])
     args = ap.parse_args()
+    shapes = {shape: parse_shape(shape) for shape in args.shapes}
+    if (Path(args.drafter) / "config.json").exists():  # a random drafter (no config) has no depth
+        trained = trained_ttt_length(args.drafter, default=1)
+        for shape, settings in shapes.items():
+            try:
+                check_draft_depth(settings["k"], trained)
+            except InputError as err:
+                raise SystemExit(f"{shape}: {err}") from None
 
     setup = load_pair(args.target, args.dtype, args.drafter, args.drafter_dtype)
     target, eos = setup.target, setup.eos
-    engines = {shape: setup.engine(**parse_shape(shape)) for shape in args.shapes}
+    engines = {shape: setup.engine(**settings) for shape, settings in shapes.items()}
     prompts = mtbench_prompts(target, args.prompts)
     n = args.tokens
 
