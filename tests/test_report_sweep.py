@@ -114,6 +114,14 @@ def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_pat
     out = project / "report"
     markdown = (out / "report.md").read_text()
     assert all(name in markdown for name in names)
+    # what decides a size, per row: the train stage's held-out top-1, the eval's per-position share
+    lines = markdown.splitlines()
+    header = [c.strip() for c in next(line for line in lines if line.startswith("| experiment")).split("|")]
+    for name in names:
+        cells = next(x for x in lines if x.startswith(f"| {name} |")).split("|")
+        row = dict(zip(header, (c.strip() for c in cells), strict=True))
+        assert 0 <= float(row["held-out top-1"]) <= 1
+        assert all(0 <= float(share) <= 1 for share in row["accepted by draft position"].split(" / "))
     assert "Speedup peaks at a draft vocabulary of" in markdown or "No size is measurably faster" in markdown
     for plot in ("coverage", "acceptance_length", "draft_ms_per_step", "speedup"):
         assert (out / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

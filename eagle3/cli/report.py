@@ -44,18 +44,30 @@ TABLE: tuple[Column, ...] = (
     # what the size costs, from `eagle3 plan` on the row's own params (docs/scale-out.md "Plan a run")
     ("trainable params (plan)", lambda e: _fmt(_planned(e, "trainable"), ",.0f")),
     ("draft GFLOP/step (plan)", lambda e: _fmt(_planned(e, "draft_gflop"), ".3f")),
+    ("held-out top-1", lambda e: _fmt(e.number("heldout_acc_0"), ".4f")),
     ("acceptance length [95% CI]", lambda e: _ci(e, "acceptance_length")),
+    ("accepted by draft position", lambda e: _by_position(e)),
     ("drafter's share", lambda e: _fmt(e.number("drafter_acceptance_length"), ".2f")),
     ("acceptance rate", lambda e: _fmt(e.number("acceptance_rate"), ".3f")),
     ("draft ms/step", lambda e: _fmt(e.number("draft_ms_per_step"), ".2f")),
     ("tok/s", lambda e: _fmt(e.number("tokens_per_s"), ".2f")),
     ("speedup [95% CI]", lambda e: _ci(e, "speedup")),
     ("prompt lookup speedup", lambda e: _fmt(e.number("prompt_lookup_speedup"), ".2f")),
+    ("train tok/s", lambda e: _fmt(e.number("train_tokens_per_s"), ",.0f")),
 )
 
 
 def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def _by_position(e: Experiment) -> str:
+    """The share of draft steps whose position 1, 2, ... token was accepted: "0.43 / 0.25"."""
+    shares, k = [], 1
+    while (share := e.number(f"per_position_acceptance.{k}")) is not None:
+        shares.append(f"{share:.2f}")
+        k += 1
+    return " / ".join(shares) or "-"
 
 
 REFERENCE_SIZE = 32768  # the draft vocabulary the plan-target ratios are taken against (Kimi-K2.5's 32K)
