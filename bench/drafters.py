@@ -14,9 +14,10 @@ eagle3/decoding/stats.py): B leads A only where the interval of B - A lies above
 
 Two or more drafters (A, B, C, ... in the order given): each after the first is paired against
 the first, the reference (e.g. the 32K drafter of a vocabulary sweep). --json FILE writes, per
-drafter, acceptance length and speedup vs plain with their intervals and the paired intervals of
-both minus the reference's, with the machine and the command line: `eagle3 report --paired FILE`
-reads it.
+drafter, acceptance length and speedup vs plain with their intervals, the paired intervals of
+both minus the reference's and of its speedup minus every other drafter's, with the machine and
+the command line: `eagle3 report --paired FILE` reads it (and, where the file holds every size of
+a sweep, ranks the sizes by this one run).
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def summarize(rows: list[dict[str, Generation]], drafters: list[str], lookup: bo
     """The figures of a run, as plain data: per decoder (each drafter, then "lookup" when it ran)
     its speedup over plain decoding and, for drafters, acceptance length, each with a 95% bootstrap
     interval over prompts; per drafter after the first, the paired differences against the first
-    (the reference) over the same resampled prompts; per drafter, its speedup minus prompt
-    lookup's. NaN (no verification, no time) is None."""
+    (the reference) over the same resampled prompts, and its speedup minus every other drafter's
+    (keyed by label); per drafter, its speedup minus prompt lookup's. NaN (no verification, no
+    time) is None."""
     names = [*drafters, "lookup"] if lookup else list(drafters)
     totals = {name: _totals(rows, name) for name in names}
     whole = {name: t.sum_over(np.arange(len(rows))) for name, t in totals.items()}
@@ -199,6 +201,16 @@ def summarize(rows: list[dict[str, Generation]], drafters: list[str], lookup: bo
             entry["tokens_per_s_over_reference_ci"] = percentile_interval(
                 speedup(sums[name]) / speedup(sums[reference]) - 1
             )
+        if name != "lookup":
+            # every other drafter too, so a report can tie any two sizes, not only one with the reference
+            entry["speedup_minus_drafter"] = {
+                other: {
+                    "value": _number(speedup(whole[name]) - speedup(whole[other])),
+                    "ci": percentile_interval(speedup(sums[name]) - speedup(sums[other])),
+                }
+                for other in drafters
+                if other != name
+            }
         if lookup and name != "lookup":
             entry["speedup_minus_prompt_lookup"] = _number(speedup(whole[name]) - speedup(whole["lookup"]))
             entry["speedup_minus_prompt_lookup_ci"] = percentile_interval(

@@ -174,8 +174,8 @@ def test_paired_intervals_decide_ties_where_they_join_two_sizes(tmp_path):
     decided = verdict(rows, slower)
     assert decided.best.name == "base-32k"
     assert decided.decision.startswith("Decision: a draft vocabulary of 32,768 tokens (base-32k)")
-    assert "paired 95% interval of the speedup difference against gemma-32k" in decided.decision
-    assert "containing 0 for base-16k, base-64k (bench.drafters on bench box" in decided.rule
+    assert "paired 95% interval of the speedup difference against gemma-32k contains 0" in decided.decision
+    assert "so judged for base-16k, base-64k (bench.drafters on bench box" in decided.rule
     assert decided.rule.endswith(", by overlapping 95% speedup intervals for the rest")
     assert "Speedup peaks at a draft vocabulary of 32,768" in decided.paragraph
 
@@ -193,6 +193,90 @@ def test_paired_intervals_decide_ties_where_they_join_two_sizes(tmp_path):
     assert next(x for x in markdown.splitlines() if x.startswith("| base-32k")).endswith("| reference |")
     assert next(x for x in markdown.splitlines() if x.startswith("| base-256k")).endswith("| - |")
     assert "base-16k = candidate-16384" in markdown
+
+
+def test_a_paired_run_holding_every_size_ranks_them_and_ties_any_two(tmp_path):
+    # each experiment's own eval: 32K looks fastest (16K's ran beside other work and lost speed)
+    rows = [
+        row("base-16k", 16384, 1.10, 0.05),
+        row("base-32k", 32768, 1.30, 0.05),
+        row("base-64k", 65536, 1.20, 0.05),
+        row("base-256k", 262144, 0.90, 0.05),
+    ]
+    assert verdict(rows).best.name == "base-32k"
+    # one side-by-side run of all four: 16K fastest, 64K tied with it, 32K and 256K measurably slower
+    one_run = {
+        16384: (1.40, 1.30, 1.50),
+        32768: (1.25, 1.15, 1.35),
+        65536: (1.33, 1.20, 1.45),
+        262144: (1.0, 0.9, 1.1),
+    }
+    minus = {  # (a, b) -> paired interval of a's speedup minus b's
+        (16384, 32768): (0.05, 0.25), (16384, 65536): (-0.02, 0.16), (16384, 262144): (0.3, 0.5),
+        (32768, 65536): (-0.2, 0.04), (32768, 262144): (0.1, 0.4), (65536, 262144): (0.2, 0.45),
+    }  # fmt: skip
+    labels = dict(zip(one_run, "ABCD", strict=True))
+    drafters = []
+    for size, (value, lo, hi) in one_run.items():
+        others = {}
+        for (a, b), (d_lo, d_hi) in minus.items():
+            if size in (a, b):
+                sign = 1 if size == a else -1
+                ends = sorted((sign * d_lo, sign * d_hi))
+                others[labels[b if size == a else a]] = {
+                    "value": sum(ends) / 2,
+                    "ci": dict(zip(("lo", "hi"), ends, strict=True)),
+                }
+        drafters.append(
+            {
+                "name": f"gemma-{size // 1024}k-drafter", "label": labels[size], "reference": size == 32768,
+                "draft_vocab_size": size, "speedup": value, "speedup_ci": {"lo": lo, "hi": hi},
+                "speedup_minus_drafter": others,
+            }
+        )  # fmt: skip
+    drafters.insert(0, drafters.pop(1))  # the reference first
+    path = tmp_path / "all.json"
+    path.write_text(
+        json.dumps({"machine": "bench box", "drafters": drafters, "prompt_lookup": {"speedup": 2.1}})
+    )
+    paired = Paired.read(path)
+    assert paired.prompt_lookup == 2.1
+
+    decided = verdict(rows, paired)
+    assert decided.one_run and decided.best.name == "base-16k"
+    assert decided.speeds["base-16k"].value == 1.40
+    assert decided.decision.startswith(
+        "Decision: a draft vocabulary of 16,384 tokens (base-16k): the highest"
+    )
+    assert "1.40 [1.30, 1.50]x" in decided.decision
+    # 64K ties 16K by the paired interval of two drafters, neither of them the reference
+    assert "against gemma-16k-drafter contains 0, so judged for base-32k, base-64k, base-256k" in decided.rule
+    assert "The paired interval of base-64k against the best contains 0" in decided.paragraph
+    assert "base-32k" not in decided.paragraph.split("Decision")[1].split("The paired interval")[1]
+    assert "one side-by-side bench.drafters run on bench box" in decided.paragraph
+
+    # an older file (pairs against the reference only) still ranks by its run; 16K-64K by overlap
+    for d in drafters:
+        d.pop("speedup_minus_drafter")
+    drafters[1]["speedup_minus_reference"], drafters[1]["speedup_minus_reference_ci"] = (
+        0.15,
+        {"lo": 0.05, "hi": 0.25},
+    )
+    path.write_text(json.dumps({"machine": "bench box", "drafters": drafters}))
+    older = verdict(rows, Paired.read(path))
+    assert older.best.name == "base-16k" and "by overlapping 95% speedup intervals for the rest" in older.rule
+
+    write_report(rows, tmp_path / "report", paired=paired)
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "speedup, bench.drafters' one run [95% CI]" in markdown
+    line = next(x for x in markdown.splitlines() if x.startswith("| base-64k"))
+    assert "| 1.33 [1.20, 1.45] |" in line
+
+    # a file missing one size: each experiment's own speeds rank, as before
+    drafters.pop()
+    path.write_text(json.dumps({"machine": "bench box", "drafters": drafters}))
+    partial = verdict(rows, Paired.read(path))
+    assert not partial.one_run and partial.speeds["base-32k"].value == 1.30
 
 
 def test_paired_rows_match_by_experiment_name_before_draft_size(tmp_path):
@@ -253,6 +337,11 @@ def test_bench_pairs_every_drafter_against_the_first_and_writes_json(tmp_path, c
     assert c["speedup_minus_reference_ci"]["lo"] > 0 and c["acceptance_length"] == 3.0
     assert c["acceptance_length_minus_reference_ci"]["lo"] > 0
     assert {"speedup_minus_prompt_lookup", "speedup_minus_prompt_lookup_ci"} <= set(a)
+    # every pair, not only against the reference: C leads B as it leads A, and B - C mirrors it
+    assert set(b["speedup_minus_drafter"]) == {"A", "C"} and "B" not in b["speedup_minus_drafter"]
+    c_b, b_c = c["speedup_minus_drafter"]["B"], b["speedup_minus_drafter"]["C"]
+    assert c_b["value"] == pytest.approx(c["speedup_minus_reference"]) and c_b["ci"]["lo"] > 0
+    assert b_c["value"] == pytest.approx(-c_b["value"]) and b_c["ci"]["hi"] < 0
 
     report(summary)
     out = capsys.readouterr().out

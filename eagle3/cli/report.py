@@ -9,9 +9,12 @@ Two optional inputs (`eagle3 report --plan-target T --paired FILE`):
   the row's params with that target, the size capped at its vocabulary, the drafter shape derived
   from it), each cost also as a ratio against the 32,768 row (or the row nearest it);
 - `python -m bench.drafters ... --json FILE`: paired intervals of each drafter's speedup against
-  the first (the reference). A row takes the drafter whose folder name is its experiment name,
-  else the one drafter of its draft vocabulary size (the drafter's config.json); where a paired
-  interval joins two sizes the verdict ties them by it (contains 0) instead of by overlap.
+  the first (the reference) and against each other. A row takes the drafter whose folder name is
+  its experiment name, else the one drafter of its draft vocabulary size (the drafter's
+  config.json); where a paired interval joins two sizes the verdict ties them by it (contains 0)
+  instead of by overlap. Where the file holds every compared size, the verdict also ranks by its
+  speedups: one side-by-side run, where each experiment's own speculative-eval ran at its own time
+  under its own load.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3.cli.experiments import Experiment
@@ -221,10 +224,33 @@ def _signed(value: float | None, ci: tuple[float, float] | None) -> str:
 
 
 def _interval(entry: dict, key: str) -> tuple[float, float] | None:
-    ci = entry.get(f"{key}_ci")
+    """The entry's `{key}_ci` interval ({"lo", "hi"}), or its `ci` with an empty key."""
+    ci = entry.get(f"{key}_ci" if key else "ci")
     if not isinstance(ci, dict) or not all(isinstance(ci.get(end), (int, float)) for end in ("lo", "hi")):
         return None
     return float(ci["lo"]), float(ci["hi"])
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A row's speedup over plain decoding with its 95% interval (lo/hi None where unknown)."""
+
+    value: float
+    lo: float | None = None
+    hi: float | None = None
+
+    def __str__(self) -> str:
+        if self.lo is None or self.hi is None:
+            return f"{self.value:.2f}"
+        return f"{self.value:.2f} [{self.lo:.2f}, {self.hi:.2f}]"
+
+    def overlaps(self, other: Speed) -> bool:
+        ends = (self.lo, self.hi, other.lo, other.hi)
+        return None not in ends and self.lo <= other.hi and other.lo <= self.hi
+
+
+def _own_speed(e: Experiment) -> Speed:
+    return Speed(e.number("speedup"), e.number("speedup_ci.lo"), e.number("speedup_ci.hi"))
 
 
 @dataclass(frozen=True)
@@ -236,6 +262,7 @@ class Paired:
     machine: str
     reference: str  # the reference drafter's folder name
     drafters: tuple[dict, ...]  # the file's entries, the reference first
+    prompt_lookup: float | None = None  # transformers' prompt lookup's speedup in the same run
 
     @classmethod
     def read(cls, path: str | Path) -> Paired:
@@ -256,8 +283,13 @@ class Paired:
                 f"--paired {path}: not the output of `python -m bench.drafters ... --json FILE` "
                 "(a list of two or more drafters, the reference first)"
             )
+        lookup = (data.get("prompt_lookup") or {}).get("speedup")
         return cls(
-            str(path), str(data.get("machine") or "an unnamed machine"), drafters[0]["name"], tuple(drafters)
+            str(path),
+            str(data.get("machine") or "an unnamed machine"),
+            drafters[0]["name"],
+            tuple(drafters),
+            float(lookup) if isinstance(lookup, (int, float)) else None,
         )
 
     def match(self, experiments: list[Experiment]) -> dict[str, dict]:
@@ -280,12 +312,44 @@ class Paired:
         return out
 
     def between(self, matched: dict[str, dict], a: Experiment, b: Experiment) -> tuple[float, float] | None:
-        """The paired 95% interval of one row's speedup minus the other's, where one of the two is
-        the reference's row and the other a drafter paired against it; else None."""
+        """The paired 95% interval of one row's speedup minus the other's: from the file's
+        difference between any two drafters where it has one, else where one of the two is the
+        reference's row and the other a drafter paired against it; else None."""
         da, db = matched.get(a.name), matched.get(b.name)
-        if da is None or db is None or bool(da.get("reference")) == bool(db.get("reference")):
+        if da is None or db is None or da is db:
+            return None
+        other = (da.get("speedup_minus_drafter") or {}).get(db.get("label"))
+        if isinstance(other, dict) and (ci := _interval(other, "")) is not None:
+            return ci
+        if bool(da.get("reference")) == bool(db.get("reference")):
             return None
         return _interval(db if da.get("reference") else da, "speedup_minus_reference")
+
+    def speeds(self, matched: dict[str, dict], rows: list[Experiment]) -> dict[str, Speed] | None:
+        """Each row's speedup in the bench's one run, where the file holds a distinct drafter with
+        a speedup and its interval for every row (a whole sweep measured side by side); else None."""
+        entries = [matched.get(e.name) for e in rows]
+        if any(d is None for d in entries) or len({id(d) for d in entries}) < len(rows):
+            return None
+        out = {}
+        for e, d in zip(rows, entries, strict=True):
+            value, ci = d.get("speedup"), _interval(d, "speedup")
+            if not isinstance(value, (int, float)) or ci is None:
+                return None
+            out[e.name] = Speed(float(value), *ci)
+        return out
+
+    def speed_column(self, experiments: list[Experiment]) -> Column:
+        matched = self.match(experiments)
+
+        def get(e: Experiment) -> str:
+            d = matched.get(e.name)
+            ci = None if d is None else _interval(d, "speedup")
+            if d is None or not isinstance(d.get("speedup"), (int, float)):
+                return "-"
+            return f"{d['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+        return "speedup, bench.drafters' one run [95% CI]", get
 
     def column(self, experiments: list[Experiment]) -> Column:
         matched = self.match(experiments)
@@ -321,17 +385,16 @@ class Verdict:
     paragraph: str
     decision: str = ""  # the paragraph's first sentence: the decision on its own
     rule: str = ""  # what decided which sizes tie with the fastest
+    # the speedups the verdict ranked by, per experiment: its own speculative-eval's, or the paired
+    # bench's one run where that run holds every compared row
+    speeds: dict[str, Speed] = field(default_factory=dict)
+    one_run: bool = False  # the speeds are the paired bench's
 
 
 def sweep_rows(experiments: list[Experiment]) -> list[Experiment]:
     """Rows with a draft size, smallest first (a size above the target's vocabulary counts as full)."""
     rows = [e for e in experiments if e.draft_vocab_size is not None]
     return sorted(rows, key=lambda e: (e.draft_vocab_size, e.name))
-
-
-def _overlaps(a: Experiment, b: Experiment) -> bool:
-    a_lo, a_hi, b_lo, b_hi = (e.number(f"speedup_ci.{end}") for e in (a, b) for end in ("lo", "hi"))
-    return None not in (a_lo, a_hi, b_lo, b_hi) and a_lo <= b_hi and b_lo <= a_hi
 
 
 def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verdict:
@@ -345,15 +408,21 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
         return Verdict(None, [], none, none)
     reference = Counter(e.measured_on for e in rows).most_common(1)[0][0]
     rows = [e for e in rows if e.measured_on == reference]
-    fastest = max(rows, key=lambda e: e.number("speedup"))
     matched = paired.match(rows) if paired else {}
+    # speeds from one side-by-side run beat speeds from runs at different times (load drifts)
+    one_run = paired.speeds(matched, rows) if paired else None
+    speeds = one_run or {e.name: _own_speed(e) for e in rows}
+    fastest = max(rows, key=lambda e: speeds[e.name].value)
 
     def pair(a: Experiment, b: Experiment) -> tuple[float, float] | None:
         return paired.between(matched, a, b) if paired else None
 
     def tied_with(a: Experiment, b: Experiment) -> bool:
         ci = pair(a, b)
-        return _overlaps(a, b) if ci is None else ci[0] <= 0 <= ci[1]
+        return speeds[a.name].overlaps(speeds[b.name]) if ci is None else ci[0] <= 0 <= ci[1]
+
+    def speed(e: Experiment) -> str:
+        return str(speeds[e.name])
 
     # sizes this many prompts cannot tell from the fastest: the smallest of them is the pick
     # (the same speed within noise, the cheapest head to train, store and serve)
@@ -364,8 +433,10 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
     by_pair = [e.name for e in rows if e is not fastest and pair(e, fastest) is not None]
     if by_pair:
         rule = (
-            f"ties by the paired 95% interval of the speedup difference against {paired.reference} "
-            f"containing 0 for {', '.join(by_pair)} (bench.drafters on {paired.machine}, {paired.path})"
+            f"a size ties where the paired 95% interval of the speedup difference against "
+            f"{matched[fastest.name]['name'] if fastest.name in matched else paired.reference} "
+            f"contains 0, so judged for {', '.join(by_pair)} "
+            f"(bench.drafters on {paired.machine}, {paired.path})"
             + (", by overlapping 95% speedup intervals for the rest" if len(by_pair) < len(rows) - 1 else "")
         )
     else:
@@ -383,19 +454,17 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
     if best is fastest:
         decision = (
             f"Decision: a draft vocabulary of {k:,} tokens ({best.name}): the highest speedup, "
-            f"{_ci(best, 'speedup')}x, and no smaller size ties with it; {rule}."
+            f"{speed(best)}x, and no smaller size ties with it; {rule}."
         )
     else:
         decision = (
-            f"Decision: a draft vocabulary of {k:,} tokens ({best.name}, {_ci(best, 'speedup')}x): the "
+            f"Decision: a draft vocabulary of {k:,} tokens ({best.name}, {speed(best)}x): the "
             f"smallest size tied with the fastest, {fastest.draft_vocab_size:,} ({fastest.name}, "
-            f"{_ci(fastest, 'speedup')}x); {rule}."
+            f"{speed(fastest)}x); {rule}."
         )
     all_tied = best is not fastest and len(tied) + 1 == len(rows)
     if best is fastest:
-        text = [
-            f"Speedup peaks at a draft vocabulary of {k:,} tokens ({_ci(best, 'speedup')}x, {best.name})."
-        ]
+        text = [f"Speedup peaks at a draft vocabulary of {k:,} tokens ({speed(best)}x, {best.name})."]
     else:
         how = (
             "has an interval that overlaps those of"
@@ -404,9 +473,9 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
         )
         text = [
             f"No size is measurably faster than the others: the highest speedup, "
-            f"{_ci(fastest, 'speedup')}x at {fastest.draft_vocab_size:,} ({fastest.name}), {how} "
+            f"{speed(fastest)}x at {fastest.draft_vocab_size:,} ({fastest.name}), {how} "
             f"{', '.join(e.name for e in tied)}, so the pick is the smallest of "
-            f"them, {k:,} tokens ({_ci(best, 'speedup')}x, {best.name}): the same speed within noise with "
+            f"them, {k:,} tokens ({speed(best)}x, {best.name}): the same speed within noise with "
             f"the cheapest head ({_fmt(best.number('lm_head_params'), ',.0f')} lm_head parameters)."
         ]
     if all_tied:
@@ -435,7 +504,7 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
         text.append(
             f"Up to {k:,}, coverage pays: from {first.draft_vocab_size:,} ({facts(first)}) to {k:,} "
             f"({facts(best)}). Beyond it coverage stops paying for draft cost: at {last.draft_vocab_size:,} "
-            f"({facts(last)}) speedup is {_ci(last, 'speedup')}x."
+            f"({facts(last)}) speedup is {speed(last)}x."
         )
     # the sentence above named the rows tied with the fastest; these are the rest tied with the pick
     ties = [] if all_tied else [e for e in rows if e is not best and e is not fastest and tied_with(e, best)]
@@ -452,15 +521,25 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
         )
     others = len(sweep_rows(experiments)) - len(rows)
     machine, dtypes = reference
+    if one_run:
+        text.append(
+            f"Speedups are from one side-by-side bench.drafters run on {paired.machine} ({paired.path}); "
+            "acceptance, coverage and draft step from each experiment's speculative-eval"
+        )
     text.append(
-        f"Speeds were measured on {machine} ({', '.join(f'{k} {v}' for k, v in dtypes) or 'dtypes unknown'})"
+        f"{'on' if one_run else 'Speeds were measured on'} {machine} "
+        f"({', '.join(f'{k} {v}' for k, v in dtypes) or 'dtypes unknown'})"
         + (f"; {others} row(s) measured elsewhere or without speeds are left out." if others else ".")
     )
-    return Verdict(best, rows, " ".join([decision, *text]), decision, rule)
+    return Verdict(best, rows, " ".join([decision, *text]), decision, rule, speeds, one_run is not None)
 
 
-def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> list[Path]:
-    """One PNG per metric against size; the best size is marked in each."""
+def write_plots(
+    experiments: list[Experiment], verdict_: Verdict, out: Path, lookup_in_run: float | None = None
+) -> list[Path]:
+    """One PNG per metric against size; the best size is marked in each. Speedup is plotted as the
+    verdict ranked it (the paired bench's one run, where it held every size, with prompt lookup's
+    speedup from that run as `lookup_in_run`)."""
     import matplotlib  # noqa: PLC0415 - slow import
 
     matplotlib.use("Agg")  # files only, no display
@@ -469,15 +548,24 @@ def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> 
     rows = verdict_.compared or sweep_rows(experiments)
     paths = []
     for key, label, title in PLOTS:
-        points = [(e.draft_vocab_size, e) for e in rows if e.number(key) is not None]
+        one_run = key == "speedup" and verdict_.one_run
+
+        def value(e: Experiment, end: str = "", key: str = key, one_run: bool = one_run) -> float | None:
+            if one_run:
+                return getattr(verdict_.speeds[e.name], end or "value")
+            return e.number(f"{key}_ci.{end}" if end else key)
+
+        points = [(e.draft_vocab_size, e) for e in rows if value(e) is not None]
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
         if points:
             xs = [x for x, _ in points]
-            ys = [e.number(key) for _, e in points]
+            ys = [value(e) for _, e in points]
             grafted = any(e.params.get("eval.lookup_tokens") for _, e in points)
             series = "drafter + lookup branch" if grafted and key != "coverage" else "drafter"
-            lo = [e.number(f"{key}_ci.lo") for _, e in points]
-            hi = [e.number(f"{key}_ci.hi") for _, e in points]
+            if one_run:
+                series += ", one bench.drafters run"
+            lo = [value(e, "lo") for _, e in points]
+            hi = [value(e, "hi") for _, e in points]
             if all(v is not None for v in lo + hi):
                 below = [y - low for y, low in zip(ys, lo, strict=True)]
                 err = [below, [h - y for y, h in zip(ys, hi, strict=True)]]
@@ -496,12 +584,14 @@ def write_plots(experiments: list[Experiment], verdict_: Verdict, out: Path) -> 
                 ax.axhline(1.0, color="grey", linestyle=":", label="plain greedy")
                 peer = [(x, e.number("prompt_lookup_speedup")) for x, e in points]
                 peer = [(x, y) for x, y in peer if y is not None]
+                if one_run:
+                    peer = [(x, lookup_in_run) for x, _ in points] if lookup_in_run is not None else []
                 if peer:
                     ax.plot(*zip(*peer, strict=True), "s--", color="grey", label="prompt lookup")
                 ax.legend(loc="best")
             best = verdict_.best
-            if best is not None and best.number(key) is not None:
-                ax.plot([best.draft_vocab_size], [best.number(key)], "r*", markersize=14, label="best size")
+            if best is not None and value(best) is not None:
+                ax.plot([best.draft_vocab_size], [value(best)], "r*", markersize=14, label="best size")
                 ax.legend(loc="best")
         ax.set_xlabel("draft vocabulary size")
         ax.set_ylabel(label)
@@ -588,14 +678,14 @@ def write_report(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     verdict_ = verdict(experiments, paired)
-    plots = write_plots(experiments, verdict_, out)
+    plots = write_plots(experiments, verdict_, out, paired.prompt_lookup if paired else None)
     columns, notes = list(TABLE), []
     if plan_target is not None:
         extra, note = plan_columns(experiments, plan_target)
         columns += extra
         notes.append(note)
     if paired is not None:
-        columns.append(paired.column(experiments))
+        columns += [paired.speed_column(experiments), paired.column(experiments)]
         notes.append(paired.note(experiments))
     md, page = out / "report.md", out / "report.html"
     md.write_text(_markdown(experiments, verdict_, plots, columns, notes))
