@@ -215,7 +215,7 @@ def test_a_paired_run_holding_every_size_ranks_them_and_ties_any_two(tmp_path):
         (16384, 32768): (0.05, 0.25), (16384, 65536): (-0.02, 0.16), (16384, 262144): (0.3, 0.5),
         (32768, 65536): (-0.2, 0.04), (32768, 262144): (0.1, 0.4), (65536, 262144): (0.2, 0.45),
     }  # fmt: skip
-    labels = dict(zip(one_run, "ABCD", strict=True))
+    labels = dict(zip(one_run, "BACD", strict=True))  # the reference (32K) is A, as the bench names it
     drafters = []
     for size, (value, lo, hi) in one_run.items():
         others = {}
@@ -236,9 +236,8 @@ def test_a_paired_run_holding_every_size_ranks_them_and_ties_any_two(tmp_path):
         )  # fmt: skip
     drafters.insert(0, drafters.pop(1))  # the reference first
     path = tmp_path / "all.json"
-    path.write_text(
-        json.dumps({"machine": "bench box", "drafters": drafters, "prompt_lookup": {"speedup": 2.1}})
-    )
+    run = {"machine": "bench box", "target": "gemma3-270m", "settings": {"k": 2, "lookup_tokens": 0}}
+    path.write_text(json.dumps(run | {"drafters": drafters, "prompt_lookup": {"speedup": 2.1}}))
     paired = Paired.read(path)
     assert paired.prompt_lookup == 2.1
 
@@ -252,8 +251,19 @@ def test_a_paired_run_holding_every_size_ranks_them_and_ties_any_two(tmp_path):
     # 64K ties 16K by the paired interval of two drafters, neither of them the reference
     assert "against gemma-16k-drafter contains 0, so judged for base-32k, base-64k, base-256k" in decided.rule
     assert "The paired interval of base-64k against the best contains 0" in decided.paragraph
-    assert "base-32k" not in decided.paragraph.split("Decision")[1].split("The paired interval")[1]
     assert "one side-by-side bench.drafters run on bench box" in decided.paragraph
+
+    # rows whose evals decoded otherwise (tree depth 1, a lookup branch): the file decides nothing
+    grafted = [
+        row(e.name, e.draft_vocab_size, e.number("speedup"), 0.05, {"eval.k": 1, "eval.lookup_tokens": 4})
+        for e in rows
+    ]
+    other = verdict(grafted, paired)
+    assert not other.one_run and other.best.name == "base-32k"
+    assert (
+        "is not used: its bench decoded otherwise than these rows' evals (k 2 (rows: 1); " in other.paragraph
+    )
+    assert "lookup_tokens 0 (rows: 4))" in other.paragraph and "paired" not in other.rule
 
     # an older file (pairs against the reference only) still ranks by its run; 16K-64K by overlap
     for d in drafters:
@@ -277,6 +287,7 @@ def test_a_paired_run_holding_every_size_ranks_them_and_ties_any_two(tmp_path):
     path.write_text(json.dumps({"machine": "bench box", "drafters": drafters}))
     partial = verdict(rows, Paired.read(path))
     assert not partial.one_run and partial.speeds["base-32k"].value == 1.30
+    assert "does not hold a drafter with a speedup for every compared row" in partial.paragraph
 
 
 def test_paired_rows_match_by_experiment_name_before_draft_size(tmp_path):

@@ -231,6 +231,17 @@ def _interval(entry: dict, key: str) -> tuple[float, float] | None:
     return float(ci["lo"]), float(ci["hi"])
 
 
+# bench.drafters' settings -> the eval params of a row that decoded the same way
+BENCH_SETTINGS = {
+    "mode": "eval.mode",
+    "k": "eval.k",
+    "topk": "eval.topk",
+    "tree_budget": "eval.tree_budget",
+    "lookup_tokens": "eval.lookup_tokens",
+    "tokens": "eval.max_new_tokens",
+}
+
+
 @dataclass(frozen=True)
 class Speed:
     """A row's speedup over plain decoding with its 95% interval (lo/hi None where unknown)."""
@@ -263,6 +274,8 @@ class Paired:
     reference: str  # the reference drafter's folder name
     drafters: tuple[dict, ...]  # the file's entries, the reference first
     prompt_lookup: float | None = None  # transformers' prompt lookup's speedup in the same run
+    target: str | None = None  # the bench's --target
+    settings: dict = field(default_factory=dict)  # the bench's decoding settings (mode, k, ...)
 
     @classmethod
     def read(cls, path: str | Path) -> Paired:
@@ -290,7 +303,23 @@ class Paired:
             drafters[0]["name"],
             tuple(drafters),
             float(lookup) if isinstance(lookup, (int, float)) else None,
+            data.get("target") if isinstance(data.get("target"), str) else None,
+            data.get("settings") if isinstance(data.get("settings"), dict) else {},
         )
+
+    def differences(self, rows: list[Experiment]) -> list[str]:
+        """How the bench decoded unlike the rows' speculative-eval ("k 1 (rows: 2)"), from what
+        the file and the rows' params both name; empty where nothing differs or nothing is named."""
+        out = []
+        theirs = {str(e.params["target.source"]) for e in rows if e.params.get("target.source") is not None}
+        if self.target is not None and theirs and theirs != {self.target}:
+            out.append(f"target {self.target} (rows: {', '.join(sorted(theirs))})")
+        for key, param in BENCH_SETTINGS.items():
+            mine = self.settings.get(key)
+            theirs = {e.params[param] for e in rows if e.params.get(param) is not None}
+            if mine is not None and theirs and theirs != {mine}:
+                out.append(f"{key} {mine} (rows: {', '.join(sorted(map(str, theirs)))})")
+        return out
 
     def match(self, experiments: list[Experiment]) -> dict[str, dict]:
         """Experiment name -> its drafter's entry: the drafter whose folder name is the experiment's
@@ -323,7 +352,8 @@ class Paired:
             return ci
         if bool(da.get("reference")) == bool(db.get("reference")):
             return None
-        return _interval(db if da.get("reference") else da, "speedup_minus_reference")
+        ci = _interval(db if da.get("reference") else da, "speedup_minus_reference")
+        return ci if ci is None or not da.get("reference") else (-ci[1], -ci[0])
 
     def speeds(self, matched: dict[str, dict], rows: list[Experiment]) -> dict[str, Speed] | None:
         """Each row's speedup in the bench's one run, where the file holds a distinct drafter with
@@ -400,22 +430,37 @@ def sweep_rows(experiments: list[Experiment]) -> list[Experiment]:
 def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verdict:
     """Pick the size with the highest speedup and say why, from rows measured alike only. Sizes
     that cannot be told from the fastest tie with it, and the smallest of a tie is the pick: two
-    sizes tie when their speedup intervals overlap, or, where `paired` joins them (one is the
-    reference's row), when the paired interval of their difference contains 0."""
+    sizes tie when their speedup intervals overlap, or, where `paired` joins them, when the paired
+    interval of their difference contains 0. Where `paired` decoded as the rows' evals did and
+    holds every row, its one run's speedups rank the rows; a file that decoded otherwise (another
+    target, tree or lookup branch) is used for neither, and the paragraph says why."""
     rows = [e for e in sweep_rows(experiments) if e.number("speedup") is not None and e.machine]
     if not rows:
         none = "No experiment has a speculative-eval result yet, so no size can be chosen."
         return Verdict(None, [], none, none)
     reference = Counter(e.measured_on for e in rows).most_common(1)[0][0]
     rows = [e for e in rows if e.measured_on == reference]
-    matched = paired.match(rows) if paired else {}
+    # matched over every row, as the table's paired columns match them
+    differs = paired.differences(rows) if paired else []
+    matched = paired.match(sweep_rows(experiments)) if paired and not differs else {}
     # speeds from one side-by-side run beat speeds from runs at different times (load drifts)
-    one_run = paired.speeds(matched, rows) if paired else None
+    one_run = paired.speeds(matched, rows) if matched else None
     speeds = one_run or {e.name: _own_speed(e) for e in rows}
     fastest = max(rows, key=lambda e: speeds[e.name].value)
+    unused = ""
+    if differs:
+        unused = (
+            f"{paired.path} is not used: its bench decoded otherwise than these rows' evals "
+            f"({'; '.join(differs)})."
+        )
+    elif paired and one_run is None:
+        unused = (
+            f"{paired.path} does not hold a drafter with a speedup for every compared row, so each "
+            "experiment's own speculative-eval ranks them."
+        )
 
     def pair(a: Experiment, b: Experiment) -> tuple[float, float] | None:
-        return paired.between(matched, a, b) if paired else None
+        return paired.between(matched, a, b) if matched else None
 
     def tied_with(a: Experiment, b: Experiment) -> bool:
         ci = pair(a, b)
@@ -441,7 +486,7 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
         )
     else:
         rule = "ties by overlapping 95% speedup intervals" + (
-            f" (no paired interval in {paired.path} joins the fastest size with another)" if paired else ""
+            f" (no paired interval in {paired.path} joins the fastest size with another)" if matched else ""
         )
 
     def facts(e: Experiment) -> str:
@@ -521,6 +566,8 @@ def verdict(experiments: list[Experiment], paired: Paired | None = None) -> Verd
         )
     others = len(sweep_rows(experiments)) - len(rows)
     machine, dtypes = reference
+    if unused:
+        text.append(unused)
     if one_run:
         text.append(
             f"Speedups are from one side-by-side bench.drafters run on {paired.machine} ({paired.path}); "
