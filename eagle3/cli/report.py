@@ -231,8 +231,9 @@ def _interval(entry: dict, key: str) -> tuple[float, float] | None:
     return float(ci["lo"]), float(ci["hi"])
 
 
-# bench.drafters' settings -> the eval params of a row that decoded the same way
+# bench.drafters' target and settings -> the params of a row that decoded the same way
 BENCH_SETTINGS = {
+    "target": "target.source",
     "mode": "eval.mode",
     "k": "eval.k",
     "topk": "eval.topk",
@@ -310,12 +311,9 @@ class Paired:
     def differences(self, rows: list[Experiment]) -> list[str]:
         """How the bench decoded unlike the rows' speculative-eval ("k 1 (rows: 2)"), from what
         the file and the rows' params both name; empty where nothing differs or nothing is named."""
-        out = []
-        theirs = {str(e.params["target.source"]) for e in rows if e.params.get("target.source") is not None}
-        if self.target is not None and theirs and theirs != {self.target}:
-            out.append(f"target {self.target} (rows: {', '.join(sorted(theirs))})")
+        out, bench = [], self.settings | {"target": self.target}
         for key, param in BENCH_SETTINGS.items():
-            mine = self.settings.get(key)
+            mine = bench.get(key)
             theirs = {e.params[param] for e in rows if e.params.get(param) is not None}
             if mine is not None and theirs and theirs != {mine}:
                 out.append(f"{key} {mine} (rows: {', '.join(sorted(map(str, theirs)))})")
@@ -373,11 +371,10 @@ class Paired:
         matched = self.match(experiments)
 
         def get(e: Experiment) -> str:
-            d = matched.get(e.name)
-            ci = None if d is None else _interval(d, "speedup")
-            if d is None or not isinstance(d.get("speedup"), (int, float)):
+            d = matched.get(e.name) or {}
+            if not isinstance(d.get("speedup"), (int, float)):
                 return "-"
-            return f"{d['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+            return str(Speed(d["speedup"], *(_interval(d, "speedup") or ())))
 
         return "speedup, bench.drafters' one run [95% CI]", get
 
