@@ -14,6 +14,7 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
     dtype_decisions.py  what each `auto` dtype resolves to here (the dtypes stage)
     sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and
                         evaluation on SGLang servers, built on verifier/, data/, drafter/, decoding/
+    backends.py         the features backends (hf, sglang) behind one protocol: the stages call it
     cli/                the `eagle3` command and reports; no stage imports it
 """
 
@@ -31,5 +32,6 @@ LAYERS = (
     "decoding",
     "dtype_decisions",
     "sglang",
+    "backends",
     "cli",
 )

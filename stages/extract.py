@@ -1,41 +1,19 @@
-"""Stage extract: conversations -> captured aux/last hidden states in a sharded feature store
-(hf: the loaded target's forwards; sglang: running SGLang servers, eagle3/sglang/extract.py)."""
+"""Stage extract: conversations -> captured aux/last hidden states in a sharded feature store, by
+the backend extract.backend names (eagle3/backends.py)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+from eagle3.backends import backend_for, require_engine
 from eagle3.core.device import machine
-from eagle3.core.packed import pack_linears
-from eagle3.core.params import Params
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import read_json, write_metrics
 from eagle3.core.tracking import pipeline_run
-from eagle3.data.extract import extract_features
-from eagle3.verifier.load import load_target
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/extract")
 REPORT = Path("artifacts/patch-check/report.json")
-
-
-def extract_hf(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, str]:
-    if fingerprint.get("engine") != "transformers":
-        raise ValueError(
-            f"extract.backend is 'hf' but {REPORT} checked {fingerprint.get('engine')}: run patch-check again"
-        )
-    target = load_target(pinned(params, "prefill").target)  # the dtype the dtypes stage recorded
-    if params.extract.pack_weights:
-        pack_linears(target.model)  # a no-op outside float32 on CPU
-    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT, stats=stats)
-    return manifest, str(target.model.dtype).removeprefix("torch.")
-
-
-def extract_sglang(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, str]:
-    from eagle3.sglang.extract import extract_with_sglang  # the hf path needs no HTTP client
-
-    return extract_with_sglang(params, fingerprint, OUT, stats=stats), fingerprint["dtype"]
 
 
 def main() -> None:
@@ -49,10 +27,11 @@ def main() -> None:
                 f"target.source is '{params.target.source}' but {REPORT} checked "
                 f"'{fingerprint['target_source']}': run patch-check again"
             )
+        backend = backend_for(params.extract.backend)
+        require_engine(backend, fingerprint, str(REPORT))
         started = time.perf_counter()
-        backend = extract_sglang if params.extract.backend == "sglang" else extract_hf
         stats: dict = {}
-        manifest, dtype = backend(params, fingerprint, stats)
+        manifest, dtype = backend.extract(params, fingerprint, OUT, stats=stats)
         seconds = time.perf_counter() - started
         metrics = {
             "num_samples": manifest["num_samples"],

@@ -1,4 +1,5 @@
 """Stage patch-check: prove capture reads the right layers on this engine; fingerprint the target.
+The backend extract.backend names does the work (eagle3/backends.py).
 
 hf: capture is non-invasive and equals HF's reference states. sglang: the servers run a
 supported version in the right mode and their rows agree with the HF reference (bf16 tolerance).
@@ -8,12 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3.core.params import check_against_target
-from eagle3.core.resolved_dtypes import pinned
+from eagle3.backends import backend_for
 from eagle3.core.stageio import write_json, write_metrics
 from eagle3.core.tracking import pipeline_run
-from eagle3.verifier.load import load_target, load_target_config
-from eagle3.verifier.patch_check import run_patch_check
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/patch-check")
@@ -22,15 +20,7 @@ OUT = Path("artifacts/patch-check")
 def main() -> None:
     params = validated_params()
     with reported_failures("patch-check"):
-        if params.extract.backend == "sglang":
-            # imported here: the hf path needs none of the HTTP client
-            from eagle3.sglang.patch_check import sglang_patch_check
-
-            report = sglang_patch_check(params)
-        else:
-            config = load_target_config(params.target).get_text_config()  # Kimi-K2.5 nests it
-            aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
-            report = run_patch_check(load_target(pinned(params, "prefill").target), aux_layers)
+        report = backend_for(params.extract.backend).patch_check(params)
         write_json(OUT / "report.json", report)
         fp = report["fingerprint"]
         metrics = {

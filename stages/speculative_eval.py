@@ -9,15 +9,14 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from eagle3.backends import backend_for
 from eagle3.core.params import Params
 from eagle3.core.stageio import write_json, write_metrics
 from eagle3.core.tracking import pipeline_run
 from eagle3.decoding.evaluate import EvalOutcome, unexplained
-from eagle3.decoding.hf_eval import evaluate_on_hf
 from eagle3.decoding.prompts import load_prompts
 from eagle3.decoding.report import write_acceptance_plot
 from eagle3.decoding.setup import eval_drafter
-from eagle3.sglang.evaluate import evaluate_on_sglang
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/speculative-eval")
@@ -31,7 +30,7 @@ def main() -> None:
         # Everything checkable without the model first: bad input fails in milliseconds.
         prompts = load_prompts(ev.prompts_file, ev.num_prompts, ev.categories)
         drafter_dir = eval_drafter(params)  # refuses eval.k past the drafter's trained TTT length
-        evaluate = evaluate_on_sglang if ev.backend == "sglang" else evaluate_on_hf
+        evaluate = backend_for(ev.backend).evaluate
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"speculative-eval ({ev.backend})", total=len(prompts))
             outcome = evaluate(params, prompts, drafter_dir, lambda _: progress.advance(task))

@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from eagle3.backends import backend_of
 from eagle3.core.params import Params
 from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import write_metrics
@@ -22,7 +23,7 @@ from eagle3.train.distributed import (
     relaunch_under_torchrun,
 )
 from eagle3.train.loop import train_drafter
-from eagle3.train.online import OnlineSource, hf_features, online_source
+from eagle3.train.online import OnlineSource, online_source
 from eagle3.train.prepare import TrainInputs, prepare_inputs
 from eagle3.train.report import RunLogger, stage_metrics, summary_line, write_plots
 from stages.common import console, reported_failures, validated_params
@@ -40,17 +41,14 @@ CHECKPOINTS = Path("artifacts/train/checkpoints")
 
 def prepare(params: Params) -> tuple[TrainInputs, OnlineSource | None]:
     """This stage's inputs, read and cross-checked (fails before any expensive work), and for an
-    online store its feature source: the in-process target, or SGLang servers."""
+    online store its feature source: the backend that made the store (the in-process target, or
+    SGLang servers)."""
     inputs = prepare_inputs(params, FEATURES, MAPPING_DIR, REPORT)
     if not inputs.store.online:
         return inputs, None
-    if params.extract.backend == "sglang":
-        from eagle3.sglang.online import sglang_features  # the hf path needs no HTTP client
-
-        compute, recheck, topk = sglang_features(params, inputs.store)
-    else:
-        (compute, recheck), topk = hf_features(params, inputs.store), None
-    return inputs, online_source(inputs, compute, recheck, params.extract.prefetch_batches, topk)
+    # the backend that made the store computes its features: the store's fingerprint names it
+    compute, recheck, topk = backend_of(inputs.store.fingerprint).online(params, inputs.store)
+    return inputs, online_source(inputs, compute, recheck, params.online.prefetch_batches, topk)
 
 
 def main() -> None:

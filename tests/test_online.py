@@ -103,9 +103,11 @@ def test_a_samples_features_do_not_depend_on_the_samples_beside_it(dtype):
 # --- the real stages ----------------------------------------------------------------------------
 
 
-def set_features(project: Path, mode: str, **extract) -> None:
+def set_features(project: Path, mode: str, recheck_every: int | None = None) -> None:
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["extract"] |= {"features": mode} | extract
+    params["extract"] |= {"features": mode}
+    if recheck_every is not None:
+        params["online"] = params.get("online", {}) | {"recheck_every": recheck_every}
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 

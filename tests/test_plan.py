@@ -280,7 +280,7 @@ def test_prefetch_memory_scales_with_the_queue_not_the_data():
     assert queue == 2 * 1 * 512 * 4 * 7168 * 2
     assert f["modes"]["store"]["in_flight_bytes_per_process"] == 0  # memory-mapped reads
     assert _kimi_features(50 * 17_300_000)["modes"]["online"]["in_flight_bytes_per_process"] == queue
-    deeper = _kimi_features(17_300_000, extract={"prefetch_batches": 6})["modes"]["online"]
+    deeper = _kimi_features(17_300_000, online={"prefetch_batches": 6})["modes"]["online"]
     assert deeper["in_flight_bytes_per_process"] == 3 * queue
     longer = _kimi_features(17_300_000, train={"epochs": 5, "batch_size": 8, "seq_len": 2048})
     assert longer["modes"]["online"]["in_flight_bytes_per_process"] == 4 * queue

@@ -20,8 +20,10 @@ from test_sglang import Replay, ReplayHandler, copy_top_logprobs_project, server
 from eagle3.data.store import FeatureStore
 
 
-def set_params(project: Path, raw: dict, **extract) -> None:
+def set_params(project: Path, raw: dict, recheck_every: int | None = None, **extract) -> None:
     raw["extract"] |= extract
+    if recheck_every is not None:
+        raw["online"] = raw.get("online", {}) | {"recheck_every": recheck_every}
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
 
 

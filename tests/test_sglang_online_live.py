@@ -122,8 +122,9 @@ def test_online_torchrun_on_two_live_servers_asks_each_row_once_and_trains_the_s
         urls,
         {"num_samples": SAMPLES},
         sglang_requests_in_flight=1,
-        recheck_every=0,  # every request below is a training or held-out row (the re-check: replay tests)
     )
+    # every request below is a training or held-out row (the re-check: replay tests)
+    raw["online"] = {"recheck_every": 0}
     raw["train"] = {"num_processes": 2, "batch_size": 2, "epochs": 1, "heldout_fraction": 0.25}
     store_project = make_project(tmp_path / "store", raw)
     for name in ("patch_check", "extract", "vocab_map"):

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3.backends import BACKENDS, ROLES
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("eagle3", "stages")
 # Imported by stages, but nothing they write depends on them.
@@ -56,15 +58,47 @@ def _imports(path: Path) -> set[Path]:
     return found
 
 
+def _backend_roles(path: Path) -> set[str]:
+    """The roles `path` calls on a backend: `backend_for(...).<role>`, `backend_of(...).<role>`,
+    or `<name>.<role>` where `<name> = backend_for(...)` (or backend_of)."""
+    tree = ast.parse(path.read_text())
+
+    def picks(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and getattr(node.func, "id", None) in {"backend_for", "backend_of"}
+
+    names = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and picks(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in ROLES
+        and (picks(node.value) or (isinstance(node.value, ast.Name) and node.value.id in names))
+    }
+
+
+def _role_modules(roles: set[str]) -> set[Path]:
+    """Each backend's module for each of `roles` (eagle3/backends.py imports them by name when
+    called, which no import statement shows)."""
+    names = {b.roles[r].split(":")[0] for b in BACKENDS.values() for r in roles if r in b.roles}
+    return {file for name in names if (file := _module_file(name))}
+
+
 def closure(stage_module: str) -> set[str]:
-    """Every project file the stage's command may import, as repo-relative paths."""
+    """Every project file the stage's command may import, as repo-relative paths: its imports,
+    and the modules of the backend roles it calls."""
     todo, seen = [_module_file(stage_module)], set()
     while todo:
         path = todo.pop()
         if path in seen:
             continue
         seen.add(path)
-        todo.extend(_imports(path) - seen)
+        todo.extend((_imports(path) | _role_modules(_backend_roles(path))) - seen)
     return {p.relative_to(REPO).as_posix() for p in seen if not _trivial(p)}
 
 
@@ -107,6 +141,15 @@ def mismatches(name: str, stage: dict) -> list[str]:
 @pytest.mark.parametrize("name", list(_stages()))
 def test_stage_deps_are_its_import_closure(name):
     assert mismatches(name, _stages()[name]) == []
+
+
+def test_a_backend_role_brings_its_modules_and_no_others():
+    """patch-check calls only the patch_check role: the backends' patch-check modules are its
+    deps, their extraction, online and evaluation modules are not."""
+    deps = closure("stages.patch_check")
+    assert {"eagle3/verifier/patch_check.py", "eagle3/sglang/patch_check.py"} <= deps
+    assert not deps & {"eagle3/sglang/online.py", "eagle3/sglang/evaluate.py", "eagle3/decoding/hf_eval.py"}
+    assert {"eagle3/sglang/online.py", "eagle3/train/online.py"} <= closure("stages.train")
 
 
 def test_a_wrong_deps_list_is_caught():

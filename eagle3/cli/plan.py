@@ -271,7 +271,7 @@ def feature_modes(
     # each process prefetches its own rows of the global batch (train.batch_size / devices), as
     # stored (bf16; a float32 train.dtype holds them in float32), beyond the batch being trained
     rows = math.ceil(tr.batch_size / world)
-    queue = ex.prefetch_batches * rows * tr.seq_len * feature_bytes["bfloat16"]
+    queue = params.online.prefetch_batches * rows * tr.seq_len * feature_bytes["bfloat16"]
     dtype_bytes = {"float32": 4, "float64": 8}.get(params.target.dtype, 2)  # auto: bf16 on a GPU
     in_process = ex.backend == "hf"  # sglang: the servers hold the target, not the trainer
     modes = {}
@@ -305,7 +305,7 @@ def feature_modes(
         "server_tokens_per_s": server_tokens_per_s,
         "target_flops_per_token": flops_per_token,
         "prefetch": {
-            "batches": ex.prefetch_batches,
+            "batches": params.online.prefetch_batches,
             "rows_per_process": rows,
             "seq_len": tr.seq_len,
             "world_size": world,

@@ -100,13 +100,14 @@ class ExtractParams(Section):
     # store: hidden states kept as bfloat16, or as float8_e4m3fn with a float32 scale per token
     # and tensor (half the bytes; read back as bf16: eagle3/data/store.py, docs/features.md).
     store_dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"
-    # online: training batches whose features are computed ahead of the drafter's step (the
-    # bounded prefetch queue: peak memory grows with it, not with the data).
-    prefetch_batches: int = Field(default=2, ge=1, le=64)
-    # online: every N-th training batch, one of its samples is computed again on its own (hf:
-    # the reference forward without capture hooks, sglang: another request) and must agree,
-    # else training stops naming the server; 0 = never.
-    recheck_every: int = Field(default=100, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, values: Any) -> Any:
+        moved = sorted(k for k in ("prefetch_batches", "recheck_every") if k in (values or {}))
+        if moved:
+            raise ValueError(f"{', '.join(moved)} moved to the online section (online.{moved[0]})")
+        return values
 
     @field_validator("aux_layers")
     @classmethod
@@ -376,6 +377,32 @@ def mlflow_scheme(uri: str) -> str:
     return scheme.split("+", 1)[0]
 
 
+class OnlineParams(Section):
+    """How the train stage fetches an online store's features (extract.features: online): how far
+    ahead and how often re-checked, never what; no stage lists these keys (TRANSPORT_KEYS)."""
+
+    # Training batches whose features are computed ahead of the drafter's step (the bounded
+    # prefetch queue: peak memory grows with it, not with the data).
+    prefetch_batches: int = Field(default=2, ge=1, le=64)
+    # Every N-th training batch, one of its samples is computed again on its own (hf: the
+    # reference forward without capture hooks, sglang: another request) and must agree, else
+    # training stops naming the source; 0 = never.
+    recheck_every: int = Field(default=100, ge=0)
+
+
+# Keys that say how features travel, never what they are: no stage lists them in dvc.yaml, so
+# changing one re-runs nothing, and extraction resumes across them. tests/test_stage_params.py
+# allows exactly these undeclared reads; extract's resume key (eagle3/data/extract.py) leaves
+# them out.
+TRANSPORT_KEYS: dict[str, str] = {
+    "extract.sglang_url": "where the servers are: what they run is fingerprinted and checked",
+    "extract.sglang_final_url": "where the final-state servers are: checked as the aux servers",
+    "extract.sglang_requests_in_flight": "how many requests fly at once",
+    "online.prefetch_batches": "how far ahead online features are computed",
+    "online.recheck_every": "how often a sample is computed again to check the source",
+}
+
+
 class Params(Section):
     target: TargetParams = TargetParams()
     data: DataParams = DataParams()
@@ -383,6 +410,7 @@ class Params(Section):
     vocab: VocabParams = VocabParams()
     train: TrainParams = TrainParams()
     eval: EvalParams = EvalParams()
+    online: OnlineParams = OnlineParams()
     tracking: TrackingParams = TrackingParams()
 
     def flat(self) -> dict[str, Any]:

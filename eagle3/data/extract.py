@@ -27,7 +27,9 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from safetensors import safe_open
 
-from eagle3.core.params import Params
+from eagle3.core.packed import pack_linears
+from eagle3.core.params import TRANSPORT_KEYS, Params
+from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import code_sha256, sha256_json
 from eagle3.data.conversations import load_conversations, sample_order
 from eagle3.data.onpolicy import generate_with_features
@@ -44,7 +46,7 @@ from eagle3.data.store import (
     write_tokens,
 )
 from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target, eos_token_ids, has_chat_template
+from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
 from eagle3.verifier.render import Message, Rendered, render_conversation, render_prompt
 
 
@@ -165,20 +167,25 @@ def token_sample(rendered: Rendered, **features: torch.Tensor) -> Sample:
 
 @torch.no_grad()
 def capture_batch(target: Target, rendered: list[Rendered], aux_layers: list[int]) -> list[Sample]:
-    """One captured forward over samples of one forward width (token_batches groups them so)."""
-    ids = padded_ids(rendered)
-    with capture_hidden_states(target.decoder_layers, target.final_norm, aux_layers) as captured:
-        # The base model only: the lm_head (V x H per token) is not needed here.
-        target.model.model(input_ids=ids, use_cache=False)
-    aux, last = captured.aux_hidden(), captured.last
-    return [
-        token_sample(
-            r,
-            aux_hidden=aux[row, : len(r.input_ids)].to(torch.bfloat16).clone(),
-            last_hidden=last[row, : len(r.input_ids)].to(torch.bfloat16).clone(),
+    """Captured forwards of samples of one forward width (token_batches groups them so), one row
+    a forward: a matmul's blocking, and so its rounding, may depend on the number of rows (on an
+    AMX Xeon, float32 and bfloat16 alike), which would make a sample's bytes depend on the
+    samples beside it. At one row a forward they depend on its padded width alone."""
+    samples = []
+    for r in rendered:
+        ids = padded_ids([r])
+        with capture_hidden_states(target.decoder_layers, target.final_norm, aux_layers) as captured:
+            # The base model only: the lm_head (V x H per token) is not needed here.
+            target.model.model(input_ids=ids, use_cache=False)
+        aux, last, n = captured.aux_hidden(), captured.last, len(r.input_ids)
+        samples.append(
+            token_sample(
+                r,
+                aux_hidden=aux[0, :n].to(torch.bfloat16).clone(),
+                last_hidden=last[0, :n].to(torch.bfloat16).clone(),
+            )
         )
-        for row, r in enumerate(rendered)
-    ]
+    return samples
 
 
 def capture_rows(
@@ -200,17 +207,6 @@ def capture_rows(
     return samples
 
 
-# Where the servers are, how many requests fly and how far online training computes ahead do
-# not change what is extracted, so a resumed run may use other servers.
-TRANSPORT_KEYS = {
-    "sglang_url",
-    "sglang_final_url",
-    "sglang_requests_in_flight",
-    "prefetch_batches",
-    "recheck_every",
-}
-
-
 # The code that computes a shard's bytes: shards written by other code are not resumed, or
 # `dvc repro` after a change to it keeps the old features (it did when forwards were first padded).
 EXTRACTION_CODE = ("data", "verifier", "sglang", "core/packed.py")
@@ -223,7 +219,9 @@ def extraction_code_sha256() -> str:
 
 def config_hash(params: Params, fingerprint: dict) -> str:
     """What a shard's journal entry must match to be resumed: params, target and code."""
-    extract = params.extract.model_dump(exclude=TRANSPORT_KEYS)
+    # where the servers are and how many requests fly change no byte: a resumed run may use others
+    transport = {key.split('.', 1)[1] for key in TRANSPORT_KEYS if key.startswith('extract.')}
+    extract = params.extract.model_dump(exclude=transport)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
         extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}
     material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
@@ -314,6 +312,18 @@ def extract_features(
     chat = has_chat_template(target.source)
     backend = Backend(target.tokenizer, chat, target.hidden_size, hf_group_fn(target, params, aux_layers))
     return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
+
+
+def extract_on_hf(
+    params: Params, fingerprint: dict, out_dir: Path, **options: int | dict | None
+) -> tuple[dict, str]:
+    """The hf backend's extraction: the target loaded as the dtypes stage recorded (weights packed
+    where that pays), the store filled; returns the manifest and the dtype it computed in."""
+    target = load_target(pinned(params, "prefill").target)
+    if params.extract.pack_weights:
+        pack_linears(target.model)  # a no-op outside float32 on CPU
+    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, out_dir, **options)
+    return manifest, str(target.model.dtype).removeprefix("torch.")
 
 
 def run_extraction(

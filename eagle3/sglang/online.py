@@ -1,7 +1,7 @@
 """Online features from SGLang servers: the trainer is an HTTP client of the extraction servers.
 
 Each training batch's samples are sent one request each (the same requests extraction sends,
-eagle3/sglang/extract.py `text_sample`), spread round-robin over extract.sglang_url's
+eagle3/sglang/features.py `text_sample`), spread round-robin over extract.sglang_url's
 data-parallel servers, extract.sglang_requests_in_flight at a time. Under torchrun each rank
 asks only for its own rows. The servers are checked against the patch-check report before the
 first request. A server that stops answering (killed, restarting) is waited for: one line names
@@ -25,7 +25,7 @@ from rich.markup import escape
 from eagle3.core.params import Params
 from eagle3.data.store import FeatureStore, Sample
 from eagle3.sglang.client import ServerUnavailable
-from eagle3.sglang.extract import CheckedServers, checked_servers, text_sample
+from eagle3.sglang.features import CheckedServers, checked_servers, text_sample
 from eagle3.train.online import FeatureFn, Recheck
 from eagle3.verifier.render import Rendered
 
@@ -59,7 +59,7 @@ def sglang_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Rec
             return list(pool.map(one, rendered))
 
     urls = ", ".join(checked.servers.aux.urls)
-    recheck = Recheck(params.extract.recheck_every, one, f"another request to the servers ({urls})")
+    recheck = Recheck(params.online.recheck_every, one, f"another request to the servers ({urls})")
     return compute, recheck, checked.servers.top_logprobs
 
 

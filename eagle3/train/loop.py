@@ -276,7 +276,7 @@ class TrainRecipe:
 
     def _batches(self, source: BatchSource, rows: Sequence[list[int]]) -> Iterator[Batch]:
         """The batches of these rows, in order: read as they are needed from a store; from an
-        online store computed on a background thread, extract.prefetch_batches ahead."""
+        online store computed on a background thread, online.prefetch_batches ahead."""
         dtype = None if self.autocast else self.master
 
         def make(samples: list[int]) -> Batch:

@@ -106,10 +106,11 @@ class OnlineFeatures:
             )
 
 
-def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck]:
+def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck, None]:
     """The in-process target as the online store's feature source: loaded as extraction loads it
     (the prefill dtype the dtypes stage recorded, packed weights), computing with extraction's
-    own `capture_rows`; the re-check is its plain forward's output_hidden_states."""
+    own `capture_rows`; the re-check is its plain forward's output_hidden_states. Its store holds
+    final-norm states, not a top-N (the None)."""
     engine = store.fingerprint.get("engine")
     if engine != "transformers":
         raise InputError(
@@ -122,11 +123,11 @@ def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck
     aux = store.aux_layers
     compute = partial(capture_rows, target, aux_layers=aux, batch_tokens=params.extract.batch_tokens)
     recheck = Recheck(
-        params.extract.recheck_every,
+        params.online.recheck_every,
         partial(reference_sample, target, aux_layers=aux),
         "the in-process target's plain forward (output_hidden_states)",
     )
-    return compute, recheck
+    return compute, recheck, None
 
 
 def disagreement(a: Sample, b: Sample) -> str | None:

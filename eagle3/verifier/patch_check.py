@@ -17,9 +17,11 @@ import torch
 import transformers
 
 from eagle3.core.layer_ids import LAYER_ID_RULES, serving_rule
+from eagle3.core.params import Params, check_against_target
+from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import sha256_files
 from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target
+from eagle3.verifier.load import Target, load_target, load_target_config
 
 CHECK_PROMPTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -109,3 +111,11 @@ def run_patch_check(
         report["convention"] = f"{HF_IDS}; SGLang ({rule.family}): {rule.capture}"
         report["sglang_aux_layer_ids"] = sglang_ids
     return report
+
+
+def hf_patch_check(params: Params) -> dict:
+    """The hf backend's patch-check: the aux layers checked against the target's config before
+    the load, then capture on the target loaded in the dtype the dtypes stage recorded."""
+    config = load_target_config(params.target).get_text_config()  # Kimi-K2.5 nests it
+    aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
+    return run_patch_check(load_target(pinned(params, "prefill").target), aux_layers)
