@@ -115,3 +115,25 @@ def test_links_to_headings_resolve():
     checked, broken = broken_heading_links(pages)
     assert checked > 0, "no link into a heading found: the link pattern no longer matches the docs"
     assert not broken, "links to headings that do not exist:\n" + "\n".join(broken)
+
+
+# Wording that only makes sense to someone outside the repository: a tracker item, the working
+# period it was written in, the design notes kept beside the repository.
+OUTSIDE = re.compile(r"\b[Ii]ssue #?\d+|\b[Tt]his session\b|\bDESIGN\b|\.\./shared/")
+
+
+def test_docs_and_code_stand_on_their_own():
+    roots = ["README.md", "CONTRIBUTING.md", "dvc.yaml", "params.yaml", "docs", "eagle3", "stages", "bench"]
+    roots += ["presets", "tools", "tests"]
+    files = []
+    for root in map(REPO.joinpath, roots):
+        found = [root] if root.is_file() else [*root.rglob("*")]
+        files += [f for f in found if f.suffix in {".md", ".py", ".yaml", ".sh"} and f.is_file()]
+    files = [f for f in files if f != Path(__file__).resolve()]
+    hits = [
+        f"{f.relative_to(REPO)}:{n}: {line.strip()}"
+        for f in files
+        for n, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert not hits, "say it so that it stands on its own (what, not which tracker item):\n" + "\n".join(hits)
