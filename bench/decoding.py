@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 from eagle3.core.device import DTYPES, machine
 from eagle3.core.params import TargetParams
@@ -51,20 +52,47 @@ def mtbench_prompts(target: Target, n: int) -> list[tuple[str, list[int]]]:
     return render_prompts(target.tokenizer, load_prompts(None, n), has_chat_template(target.source))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--drafter", default="artifacts/train/drafter")
+class DraftShape(NamedTuple):
+    """Defaults of --mode, --k, --topk and --budget (eval.mode, k, topk, tree_budget)."""
+
+    mode: str
+    k: int
+    topk: int
+    budget: int
+
+
+def add_decoding_args(
+    ap: argparse.ArgumentParser,
+    *,
+    prompts: int,
+    tokens: int,
+    lookup: int,
+    shape: DraftShape | None = None,
+    lookup_help: str = "prompt_lookup_num_tokens (0 = skip)",
+) -> None:
+    """The arguments the decoding benches share, with each bench's defaults: the target and the
+    dtypes, how many MT-bench prompts and tokens, the draft shape (where the bench takes one) and
+    transformers' prompt lookup beside."""
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--drafter-dtype", default="auto", choices=["auto", *sorted(DTYPES)])
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--mode", default="chain", choices=["chain", "tree"])
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--topk", type=int, default=4)
-    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=prompts)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    if shape is not None:
+        ap.add_argument("--mode", default=shape.mode, choices=["chain", "tree"])
+        ap.add_argument("--k", type=int, default=shape.k)
+        ap.add_argument("--topk", type=int, default=shape.topk)
+        ap.add_argument("--budget", type=int, default=shape.budget)
+    ap.add_argument("--lookup", type=int, default=lookup, help=lookup_help)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", default="artifacts/train/drafter")
+    add_decoding_args(
+        ap, prompts=6, tokens=64, lookup=0, shape=DraftShape(mode="chain", k=4, topk=4, budget=16)
+    )
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--lookup", type=int, default=0, help="prompt_lookup_num_tokens (0 = skip)")
     ap.add_argument("--no-pack", action="store_true", help="keep the default (unpacked) float32 weights")
     args = ap.parse_args()
 

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.decoding import mtbench_prompts
-from eagle3.core.device import DTYPES, machine
+from bench.decoding import DraftShape, add_decoding_args, mtbench_prompts
+from eagle3.core.device import machine
 from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import decode_prompts, generation_totals, prompt_lookup_decode
@@ -82,16 +82,14 @@ def main() -> None:
         help="exported drafter folders, two or more: the first (A, e.g. the shipped one) is the reference, "
         "each other (B, C, ...: the candidates) is paired against it",
     )
-    ap.add_argument("--target", default="smollm2-135m-instruct")
-    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    ap.add_argument("--drafter-dtype", default="auto", choices=["auto", *sorted(DTYPES)])
-    ap.add_argument("--prompts", type=int, default=24)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--mode", default="tree", choices=["chain", "tree"])
-    ap.add_argument("--k", type=int, default=2)
-    ap.add_argument("--topk", type=int, default=4)
-    ap.add_argument("--budget", type=int, default=6)
-    ap.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens of the peer (0 = skip)")
+    add_decoding_args(
+        ap,
+        prompts=24,
+        tokens=128,
+        lookup=4,
+        shape=DraftShape(mode="tree", k=2, topk=4, budget=6),
+        lookup_help="prompt_lookup_num_tokens of the peer (0 = skip)",
+    )
     ap.add_argument(
         "--lookup-branch",
         type=int,

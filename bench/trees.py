@@ -17,8 +17,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.decoding import load_pair, mtbench_prompts
-from eagle3.core.device import DTYPES
+from bench.decoding import add_decoding_args, load_pair, mtbench_prompts
 from eagle3.core.inputs import InputError
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import Diverged, decode_prompts, prompt_lookup_decode
@@ -44,12 +43,7 @@ def rate(generations: list[Generation]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-4m")
-    ap.add_argument("--target", default="smollm2-135m-instruct")
-    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    ap.add_argument("--drafter-dtype", default="auto", choices=["auto", *sorted(DTYPES)])
-    ap.add_argument("--prompts", type=int, default=24)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens (0 = skip)")
+    add_decoding_args(ap, prompts=24, tokens=128, lookup=4)
     ap.add_argument("--shapes", nargs="+", default=["chain:2", "tree:2:4:6", "tree:2:6:8", "tree:2:8:10"])
     args = ap.parse_args()
     shapes = {shape: parse_shape(shape) for shape in args.shapes}

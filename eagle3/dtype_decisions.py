@@ -11,9 +11,9 @@ from eagle3.core.params import Params
 
 def shapes(params: Params) -> dict[str, Shape]:
     """The sizes each measurement is taken at: the target's, and the drafter layer train builds."""
-    from eagle3.drafter.config import DrafterConfig  # noqa: PLC0415 - heavy imports, stage-only
-    from eagle3.train.prepare import drafter_config  # noqa: PLC0415
-    from eagle3.verifier.load import load_target_config  # noqa: PLC0415
+    from eagle3.drafter.config import DrafterConfig  # heavy imports, stage-only
+    from eagle3.train.prepare import drafter_config
+    from eagle3.verifier.load import load_target_config
 
     config = load_target_config(params.target)
     text = getattr(config, "text_config", None) or config
@@ -46,7 +46,7 @@ def resolve(params: Params, measure: bool = True) -> dict[Job, dict[str, dict[st
 
 def forget(params: Params) -> None:
     """Drop this machine's kept measurements for the shapes `params` use (`eagle3 dtypes --remeasure`)."""
-    from eagle3.core.device import JOBS, cpu_decision, policy_path  # noqa: PLC0415
+    from eagle3.core.device import JOBS, cpu_decision, policy_path
 
     for shape in shapes(params).values():
         for job in JOBS:

@@ -226,7 +226,7 @@ def test_patch_check_stage_refuses_a_truncated_gguf_with_exit_2(truncated_gguf, 
 
 
 def test_aux_layers_out_of_range_exit_2_in_one_line(tmp_path, monkeypatch, capsys):
-    import stages.patch_check  # noqa: PLC0415
+    import stages.patch_check
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"extract": {"aux_layers": [1, 14, 29]}}))

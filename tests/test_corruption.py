@@ -234,7 +234,7 @@ def _largest_entry_offset(path: Path) -> int:
 
 
 def test_checkpoints_load_weights_only_and_damage_or_other_params_are_not_resumed(tmp_path, capsys):
-    from test_train import interrupt_after, tiny_inputs, tiny_params  # noqa: PLC0415 - the tiny training setup
+    from test_train import interrupt_after, tiny_inputs, tiny_params  # the tiny training setup
 
     inputs, p = tiny_inputs(tmp_path / "f"), tiny_params(epochs=1)
     interrupt_after(p, inputs, tmp_path / "cut", steps=3)

@@ -200,8 +200,8 @@ def test_cache_matches_full_forward_and_crop():
 
 def test_attention_strategy_is_passed_in():
     """The model knows no cache type: whatever `attend`s is used (composition, not subclasses)."""
-    from eagle3.drafter.model import sdpa  # noqa: PLC0415
-    from eagle3.drafter.ttt_attention import TTTCache  # noqa: PLC0415
+    from eagle3.drafter.model import sdpa
+    from eagle3.drafter.ttt_attention import TTTCache
 
     class Recording:
         def __init__(self) -> None:
@@ -285,7 +285,7 @@ def test_fc_norm_normalises_each_aux_layer_before_fc():
 
 
 def test_intermediate_size_sets_the_mlp_width_and_is_exported(tmp_path):
-    from transformers import LlamaConfig  # noqa: PLC0415
+    from transformers import LlamaConfig
 
     target = LlamaConfig(hidden_size=H, intermediate_size=256, num_attention_heads=4, vocab_size=V)
     assert DrafterConfig.from_target_config(target, K, [1, 3, 5]).intermediate_size == 256
@@ -299,9 +299,9 @@ def test_intermediate_size_sets_the_mlp_width_and_is_exported(tmp_path):
 @pytest.mark.parametrize("setting", [dict(mode="chain", k=4), dict(mode="tree", k=3, topk=2, tree_budget=6)])
 def test_eagle31_drafter_runs_in_the_unchanged_engine(setting):
     """The engine only calls forward / logits / project, so a 3.1 drafter decodes losslessly as is."""
-    from test_decoding_fixtures import EOS, engine, prompts, random_drafter, tiny_target  # noqa: PLC0415
+    from test_decoding_fixtures import EOS, engine, prompts, random_drafter, tiny_target
 
-    from eagle3.decoding.engine import greedy_decode  # noqa: PLC0415
+    from eagle3.decoding.engine import greedy_decode
 
     target = tiny_target(seed=3)
     base = random_drafter(target, draft_vocab=64)

@@ -168,7 +168,7 @@ def test_round_trip_is_within_e4m3s_rounding_and_a_zero_row_stays_zero(tmp_path,
 
 def test_zero_row_gets_scale_one(tmp_path):
     store_of(tmp_path / "s", [samples(2)], FP8)
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
 
     with safe_open(str(tmp_path / "s" / "shard-00000.safetensors"), "pt") as f:
         aux, scale = f.get_tensor("aux_hidden"), f.get_tensor("aux_scale")

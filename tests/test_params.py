@@ -75,7 +75,7 @@ def test_machine_and_scheme_errors_stop_a_stage_in_one_line_before_any_work(
 ):
     raw, expected = MACHINE_AND_SCHEME[case]
     monkeypatch.syspath_prepend(str(REPO))  # stages/ is no installed package, as `python -m stages.x`
-    import stages.patch_check  # noqa: PLC0415
+    import stages.patch_check
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
@@ -109,7 +109,7 @@ def test_threads_up_to_the_cores_and_every_mlflow_scheme_pass():
 def test_tracking_schemes_are_the_installed_mlflows():
     """The schemes params accept are those MLflow's tracking-store registry holds (less Unity
     Catalog's, registered only to refuse tracking), so an MLflow upgrade cannot silently differ."""
-    from mlflow.tracking._tracking_service.utils import _tracking_store_registry  # noqa: PLC0415
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
     registered = set(_tracking_store_registry._registry) - {"", "databricks-uc", "uc"}
     assert registered == set(tracking_schemes())

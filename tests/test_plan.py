@@ -170,8 +170,8 @@ def test_plan_command_json_text_and_bad_input(capsys, tmp_path):
 
 
 def test_vocab_report_shows_the_planned_cost_beside_each_size(tmp_path):
-    from eagle3.cli.experiments import Experiment  # noqa: PLC0415
-    from eagle3.cli.report import write_report  # noqa: PLC0415
+    from eagle3.cli.experiments import Experiment
+    from eagle3.cli.report import write_report
 
     def row(size: int) -> Experiment:
         params = Params().flat() | {"target.source": str(KIMI.parent), "vocab.size": size}

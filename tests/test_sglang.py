@@ -739,8 +739,8 @@ def test_serve_command_matches_the_eval_params(tmp_path):
 
 
 def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch(tmp_path):
-    from eagle3.cli.serve import serve_commands  # noqa: PLC0415
-    from eagle3.core.inputs import InputError  # noqa: PLC0415
+    from eagle3.cli.serve import serve_commands
+    from eagle3.core.inputs import InputError
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()

@@ -327,9 +327,9 @@ def shipped_copy(tmp_path: Path, **config) -> Path:
     ],
 )
 def test_a_drafter_sglang_cannot_load_as_trained_is_refused(tmp_path, change, message):
-    from transformers import AutoConfig  # noqa: PLC0415
+    from transformers import AutoConfig
 
-    from eagle3.verifier.load import resolve_target  # noqa: PLC0415
+    from eagle3.verifier.load import resolve_target
 
     folder = shipped_copy(tmp_path, **change)
     assert (
@@ -444,9 +444,9 @@ def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_
 
 
 def test_compare_and_report_show_the_eval_backend_per_row():
-    from eagle3.cli.compare import comparison  # noqa: PLC0415
-    from eagle3.cli.experiments import Experiment  # noqa: PLC0415
-    from eagle3.cli.report import TABLE  # noqa: PLC0415
+    from eagle3.cli.compare import comparison
+    from eagle3.cli.experiments import Experiment
+    from eagle3.cli.report import TABLE
 
     metrics = {"acceptance_length": 1.8, "speedup": 1.1, "tokens_per_s": 2.0}
     rows = [

@@ -157,7 +157,7 @@ def test_ttt_attention_fast_path_equals_reference_with_gradients():
 def test_ttt_step_matches_inference_with_a_cache(eagle31):
     """Step k of the TTT unroll at position t equals drafting k tokens after the prefix 0..t
     (with norm_output both feed the normed state: the engine needs no change)."""
-    from eagle3.drafter import DrafterCache, Eagle3Drafter  # noqa: PLC0415
+    from eagle3.drafter import DrafterCache, Eagle3Drafter
 
     torch.manual_seed(0)
     cfg = replace(tiny_cfg(), fc_norm=eagle31, norm_output=eagle31)
@@ -524,7 +524,7 @@ def test_mapping_from_another_tokenizer_is_refused(tmp_path):
 
 
 def test_export_agrees_with_vocab_map_and_reloads(tmp_path):
-    from eagle3.vocab import build_vocab_map, load_mapping, save_vocab_map  # noqa: PLC0415
+    from eagle3.vocab import build_vocab_map, load_mapping, save_vocab_map
 
     counts = torch.randint(0, 50, (V,)).numpy()
     vocab = build_vocab_map(counts, K)

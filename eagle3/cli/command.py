@@ -27,7 +27,7 @@ def params_check(path: str) -> int:
         return 2
     console.print(f"[green]{path} is valid[/]; resolved params:")
     console.print(Syntax(yaml.safe_dump(params.model_dump(), sort_keys=False), "yaml"))
-    from eagle3.dtype_decisions import resolve, table  # noqa: PLC0415 - loads torch
+    from eagle3.dtype_decisions import resolve, table  # loads torch
 
     console.print(table(resolve(params, measure=False)))  # never measures: `eagle3 dtypes` does
     return 0
@@ -35,8 +35,8 @@ def params_check(path: str) -> int:
 
 def dtypes_command(args: argparse.Namespace) -> int:
     """Resolve (measuring where needed) and print the dtypes the pipeline would use here."""
-    from eagle3.core.device import machine  # noqa: PLC0415 - loads torch
-    from eagle3.dtype_decisions import forget, resolve, table  # noqa: PLC0415
+    from eagle3.core.device import machine  # loads torch
+    from eagle3.dtype_decisions import forget, resolve, table
 
     try:
         params = load_params(args.params)

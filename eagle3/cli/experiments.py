@@ -203,7 +203,7 @@ def _param_value(text: str) -> Any:
 
 def mlflow_experiments(uri: str, experiment: str) -> list[Experiment]:
     """One row per MLflow run of `experiment` (oldest first); a DVC experiment re-run keeps its last run."""
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import
+    from mlflow.tracking import MlflowClient  # slow import
 
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
@@ -258,8 +258,8 @@ def load_experiments(
     if json_file:
         return read_dvc_json(json_file), json_file
     if source == "mlflow":
-        from eagle3.core.params import load_params  # noqa: PLC0415
-        from eagle3.core.tracking import tracking_uri  # noqa: PLC0415
+        from eagle3.core.params import load_params
+        from eagle3.core.tracking import tracking_uri
 
         params = load_params(params_file)
         uri = tracking_uri(params)

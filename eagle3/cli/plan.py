@@ -95,7 +95,7 @@ def read_target_config(source: str) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        from eagle3.verifier.load import PACKAGES, resolve_target  # noqa: PLC0415 - converts a GGUF
+        from eagle3.verifier.load import PACKAGES, resolve_target  # converts a GGUF
 
         if source not in PACKAGES:
             raise InputError(
@@ -454,7 +454,7 @@ def _flop(n: float) -> str:
 def print_features(f: dict, console: Any) -> None:
     """Stores (bf16, fp8) against online side by side (every FEATURE_MODES entry), the configured
     one marked."""
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     modes, q = f["modes"], f["prefetch"]
     rate = f"{f['server_tokens_per_s']:,.0f} tokens/s"
@@ -519,7 +519,7 @@ def print_features(f: dict, console: Any) -> None:
 
 def print_plan(result: dict, console: Any) -> None:
     """The plan as rich tables, for people."""
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     t, d, s, tr, f = (result[k] for k in ("target", "drafter", "store", "training", "flops"))
     n = d["params"]

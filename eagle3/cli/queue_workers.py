@@ -76,8 +76,8 @@ def live_workers(root: Path) -> list[int]:
 def queue_is_idle(root: Path) -> bool:
     """No experiment queued or running in `root`'s DVC queue (read from its files, as
     `dvc queue status` does)."""
-    from dvc.exceptions import DvcException  # noqa: PLC0415 - slow import, needed only when a worker is alive
-    from dvc.repo import Repo  # noqa: PLC0415
+    from dvc.exceptions import DvcException  # slow import, needed only when a worker is alive
+    from dvc.repo import Repo
 
     try:
         with Repo(str(root)) as repo:

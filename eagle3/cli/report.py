@@ -82,7 +82,7 @@ OWN_DRAFTER_KEYS = ("train.init", "extract.aux_layers") + tuple(
 
 @functools.cache
 def _target_config(source: str) -> dict:
-    from eagle3.cli.plan import read_target_config  # noqa: PLC0415 - the plan reads configs only when asked
+    from eagle3.cli.plan import read_target_config  # the plan reads configs only when asked
 
     return read_target_config(source)
 
@@ -91,8 +91,8 @@ def _target_config(source: str) -> dict:
 def _plan_of(flat_params: str) -> dict | None:
     """`eagle3 plan` for one row's params (JSON of the flat params), None when they no longer
     validate or the target's config cannot be read here."""
-    from eagle3.cli.plan import plan  # noqa: PLC0415
-    from eagle3.core.params import ParamsError, parse_params  # noqa: PLC0415
+    from eagle3.cli.plan import plan
+    from eagle3.core.params import ParamsError, parse_params
 
     nested: dict = {}
     for key, value in json.loads(flat_params).items():
@@ -584,10 +584,10 @@ def write_plots(
     """One PNG per metric against size; the best size is marked in each. Speedup is plotted as the
     verdict ranked it (the paired bench's one run, where it held every size, with prompt lookup's
     speedup from that run as `lookup_in_run`)."""
-    import matplotlib  # noqa: PLC0415 - slow import
+    import matplotlib  # slow import
 
     matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     rows = verdict_.compared or sweep_rows(experiments)
     paths = []

