@@ -92,6 +92,12 @@ class ExtractParams(Section):
     sglang_final_url: str | list[str] | None = None
     # Requests in flight over all servers of both kinds.
     sglang_requests_in_flight: int = Field(default=16, ge=1, le=1024)
+    # How the aux rows travel from the servers: json = numbers in the /generate reply
+    # (return_hidden_states; the reference), hook = raw bytes the project's --forward-hooks factory
+    # writes into sglang_handover_dir, the same folder on the servers and here (a local directory
+    # or /dev/shm on one host, shared storage across hosts; docs/sglang.md).
+    sglang_transport: Literal["json", "hook"] = "json"
+    sglang_handover_dir: str | None = None
     # store = every token's features are extracted once and kept ((3H + H) x 2 bytes a token);
     # online = only the tokens are kept and the train stage gets each batch's features from the
     # target while it trains (in-process for hf, from extract.sglang_url for sglang), paying
@@ -151,6 +157,11 @@ class ExtractParams(Section):
             raise ValueError(
                 "sglang_target 'final_state' needs sglang_final_url (servers in plain hidden-state "
                 "mode); or use sglang_target: top_logprobs, which needs no second server"
+            )
+        if (self.sglang_transport == "hook") != bool(self.sglang_handover_dir):
+            raise ValueError(
+                "sglang_transport 'hook' needs sglang_handover_dir (the folder its servers' "
+                "--forward-hooks write into), and only it does: set both, or neither"
             )
         if self.sglang_target == "top_logprobs" and self.sglang_final_url:
             raise ValueError(
@@ -398,6 +409,8 @@ TRANSPORT_KEYS: dict[str, str] = {
     "extract.sglang_url": "where the servers are: what they run is fingerprinted and checked",
     "extract.sglang_final_url": "where the final-state servers are: checked as the aux servers",
     "extract.sglang_requests_in_flight": "how many requests fly at once",
+    "extract.sglang_transport": "JSON numbers or the hook's raw bytes: the same rows, bit for bit",
+    "extract.sglang_handover_dir": "where the hook's rows wait to be read",
     "online.prefetch_batches": "how far ahead online features are computed",
     "online.recheck_every": "how often a sample is computed again to check the source",
 }
@@ -412,6 +425,16 @@ class Params(Section):
     eval: EvalParams = EvalParams()
     online: OnlineParams = OnlineParams()
     tracking: TrackingParams = TrackingParams()
+
+    @model_validator(mode="after")
+    def _hook_carries_prefill_rows(self) -> Params:
+        ex = self.extract
+        if ex.backend == "sglang" and ex.sglang_transport == "hook" and self.data.regenerate:
+            raise ValueError(
+                "extract.sglang_transport 'hook' hands over prefill rows only, and data.regenerate "
+                "needs the rows of each generated token: use sglang_transport: json for on-policy data"
+            )
+        return self
 
     def flat(self) -> dict[str, Any]:
         """Params as {"section.key": value}, the form MLflow and `dvc exp show` use."""

@@ -10,6 +10,7 @@ fixtures), rendered by the caller exactly as extraction renders them (eagle3/sgl
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -174,6 +175,34 @@ def run_sglang_patch_check(
     if failed:
         raise PatchCheckError("SGLang rows disagree with the HF reference: " + "; ".join(failed))
     return checks
+
+
+def check_transport(
+    aux: ServerPool, transport: object, inputs: list[list[int]], width: int, copies: int = 4
+) -> dict:
+    """Every aux server's rows through `transport` (the hook) against its JSON rows of the same
+    requests, bit for bit in the server's dtype: each input sent `copies` times at once, so the
+    server batches them into shared forwards. Raises PatchCheckError naming the first mismatch."""
+    compared = 0
+    for url in aux.urls:
+        one = ServerPool([url], aux.timeout_s)
+        reference = [request_rows(one, prefill_body(ids), width, "aux rows").prefill for ids in inputs]
+        sent = [i for i in range(len(inputs)) for _ in range(copies)]
+        def through(i: int, one: ServerPool = one):
+            return transport.request_rows(one, prefill_body(inputs[i]), width, "aux rows")
+
+        with ThreadPoolExecutor(len(sent)) as pool:
+            got = list(pool.map(through, sent))
+        for i, rows in zip(sent, got, strict=True):
+            if not torch.equal(rows.prefill, reference[i]):
+                bad = (rows.prefill != reference[i]).any(-1).nonzero()[0, 0].item()
+                raise PatchCheckError(
+                    f"{url}: the {transport.name} transport's rows of a {len(inputs[i])}-token prefill "
+                    f"differ from the JSON rows of the same request (first at position {bad})"
+                )
+            compared += len(inputs[i])
+    requests = len(inputs) * copies * len(aux.urls)
+    return {"transport": transport.name, "requests": requests, "rows": compared, "bitwise_equal": True}
 
 
 def sglang_fingerprint(

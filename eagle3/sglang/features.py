@@ -36,7 +36,7 @@ def target_of(servers: ExtractionServers, hidden: int, rows: Rows, ids: list[int
 def text_sample(servers: ExtractionServers, hidden: int, rendered: Rendered) -> Sample:
     ids = rendered.input_ids.tolist()
     body = prefill_body(ids, servers.top_logprobs)
-    rows = request_rows(servers.aux, body, 3 * hidden, "aux rows, 3 x hidden_size")
+    rows = servers.transport.request_rows(servers.aux, body, 3 * hidden, "aux rows, 3 x hidden_size")
     return Sample(
         input_ids=torch.from_numpy(rendered.input_ids.copy()),
         loss_mask=torch.from_numpy(rendered.loss_mask.copy()),

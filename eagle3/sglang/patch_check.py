@@ -9,6 +9,7 @@ from eagle3.core.params import Params, check_against_target
 from eagle3.sglang.check import (
     CHECK_CONVERSATIONS,
     check_pools,
+    check_transport,
     hf_reference,
     run_sglang_patch_check,
     sglang_fingerprint,
@@ -50,6 +51,8 @@ def sglang_patch_check(params: Params) -> dict:
     checks = run_sglang_patch_check(
         servers.aux, servers.final, inputs, prompt, config.hidden_size, aux_layers, reference, top
     )
+    if servers.transport.name != "json":  # the same rows another way: bit for bit, batched
+        checks.append(check_transport(servers.aux, servers.transport, inputs, 3 * config.hidden_size))
     base = fingerprint(target, aux_layers)
     return {
         "fingerprint": sglang_fingerprint(base, aux_args, final_args, rule, top),

@@ -21,6 +21,7 @@ prompt, then output entry t - P + 1 from the last prompt position P - 1 on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,14 +171,13 @@ def parse_rows(
     return rows
 
 
-def request_rows(pool: ServerPool, body: dict, width: int, what: str) -> Rows:
-    """Send `body` to the next server of `pool`; on a prefix-cache hit flush that server's cache
-    and ask again, so that rows are never stored short."""
+def with_cache_retries(pool: ServerPool, once: Callable[[str], Rows]) -> Rows:
+    """`once(url)` on the next server of `pool`; on a prefix-cache hit flush that server's cache
+    and ask again, so that rows are never stored short (either transport)."""
     url = pool.pick()
-    top = body.get("top_logprobs_num")
     for _ in range(CACHE_HIT_RETRIES):
         try:
-            return parse_rows(pool.generate(url, body), len(body["input_ids"]), width, what, url, top)
+            return once(url)
         except PartialPrefillError as err:
             last = err
             try:
@@ -191,3 +191,26 @@ def request_rows(pool: ServerPool, body: dict, width: int, what: str) -> Rows:
         f"{last}; still after {CACHE_HIT_RETRIES} cache flushes: launch the extraction servers "
         "with --disable-radix-cache"
     )
+
+
+def request_rows(pool: ServerPool, body: dict, width: int, what: str) -> Rows:
+    """Send `body` to the next server of `pool` and parse the rows of its JSON reply."""
+    top, n = body.get("top_logprobs_num"), len(body["input_ids"])
+
+    def once(url: str) -> Rows:
+        return parse_rows(pool.generate(url, body), n, width, what, url, top)
+
+    return with_cache_retries(pool, once)
+
+
+class JsonTransport:
+    """Rows as JSON numbers in the /generate reply (return_hidden_states): the reference path,
+    and the only one that carries decode rows (on-policy generation)."""
+
+    name = "json"
+
+    def request_rows(self, pool: ServerPool, body: dict, width: int, what: str) -> Rows:
+        return request_rows(pool, body, width, what)
+
+
+JSON = JsonTransport()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from eagle3.core.params import ExtractParams
 from eagle3.sglang.client import ServerPool
+from eagle3.sglang.handover import HookTransport
+from eagle3.sglang.rows import JSON, JsonTransport
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,20 @@ def _listed(urls: str | list[str] | None) -> list[str]:
 class ExtractionServers:
     aux: ServerPool
     mode: TopLogprobs | FinalState
+    transport: JsonTransport | HookTransport = JSON  # how the aux rows travel
 
     @classmethod
     def from_params(cls, extract: ExtractParams) -> ExtractionServers:
-        """The servers of extract.sglang_url and the mode of extract.sglang_target (the params
-        validator has checked that sglang_final_url is given exactly for final_state)."""
+        """The servers of extract.sglang_url, the mode of extract.sglang_target and the transport
+        of extract.sglang_transport (the params validator has checked that sglang_final_url is
+        given exactly for final_state, and a hand-over folder exactly for the hook)."""
         aux = ServerPool(_listed(extract.sglang_url))
+        transport = JSON
+        if extract.sglang_transport == "hook":
+            transport = HookTransport(extract.sglang_handover_dir)  # refuses an unusable folder
         if extract.sglang_target == "final_state":
-            return cls(aux, FinalState(ServerPool(_listed(extract.sglang_final_url))))
-        return cls(aux, TopLogprobs(extract.sglang_top_logprobs))
+            return cls(aux, FinalState(ServerPool(_listed(extract.sglang_final_url))), transport)
+        return cls(aux, TopLogprobs(extract.sglang_top_logprobs), transport)
 
     @property
     def top_logprobs(self) -> int | None:

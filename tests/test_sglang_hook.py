@@ -1,0 +1,132 @@
+"""The hook transport (eagle3/sglang/handover.py) against a replay server that hands the recorded
+rows over as the project's hook writes them: raw bf16 pieces `<rid>.<start>-<end>.bfloat16` in a
+folder, written on a thread after the reply (as the hook's writer thread does), the reply without
+hidden states. Live SGLang with the real hook: tests/test_sglang_hook_live.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from test_sglang import H, Replay, fixture
+
+from eagle3.sglang.client import ServerPool
+from eagle3.sglang.handover import STALE_S, HandoverError, HookTransport, remove_stale
+from eagle3.sglang.rows import PartialPrefillError, prefill_body, request_rows
+
+WIDTH = 3 * H
+
+
+class HookReplay(Replay):
+    """The recorded aux server, handing rows over through `folder` for requests with a rid; a
+    prompt longer than `chunk` comes in pieces, as a chunked prefill's forwards write it."""
+
+    def __init__(self, folder: Path, chunk: int = 16, **kw):
+        super().__init__("aux", **kw)
+        self.folder, self.chunk, self.refuse = folder, chunk, None
+
+    def answer(self, body: dict) -> dict | None:
+        response = super().answer(body)
+        if response is None or "rid" not in body:
+            return response
+        meta = dict(response["meta_info"])
+        rows = torch.tensor(meta.pop("hidden_states")[0], dtype=torch.float32).to(torch.bfloat16)
+        start = len(body["input_ids"]) - len(rows)  # a cache hit leaves the cached prefix out
+        threading.Thread(target=self.write, args=(body["rid"], rows, start)).start()
+        return response | {"meta_info": meta}
+
+    def write(self, rid: str, rows: torch.Tensor, start: int) -> None:
+        time.sleep(0.01)  # after the reply, as the hook's writer thread may
+        if self.refuse:
+            (self.folder / f"{rid}.err").write_text(self.refuse)
+            return
+        for lo in range(0, len(rows), self.chunk):
+            piece = rows[lo : lo + self.chunk]
+            name = f"{rid}.{start + lo}-{start + lo + len(piece)}.bfloat16"
+            temp = self.folder / f".{name}.tmp"
+            temp.write_bytes(piece.view(torch.uint8).numpy().tobytes())
+            os.replace(temp, self.folder / name)
+
+
+@pytest.fixture
+def hook(tmp_path):
+    server = HookReplay(tmp_path / "handover", cache_hit_first=True)
+    (tmp_path / "handover").mkdir()
+    yield server
+    server.close()
+
+
+def recorded(n: int, top: bool = True) -> dict:
+    req = fixture(f"{'lp_' if top else ''}req_{n:02d}.json")
+    return prefill_body(req["input_ids"], req.get("top_logprobs_num"))
+
+
+def test_hook_rows_equal_the_json_rows_bit_for_bit_with_requests_in_flight(hook):
+    pool, transport = ServerPool([hook.url]), HookTransport(hook.folder)
+    bodies = [recorded(n, top) for n in range(1, 4) for top in (True, False)] * 2  # 12 in flight
+    with ThreadPoolExecutor(len(bodies)) as pool_of_threads:
+        got = list(pool_of_threads.map(lambda b: transport.request_rows(pool, b, WIDTH, "aux"), bodies))
+    for body, rows in zip(bodies, got, strict=True):
+        want = request_rows(pool, body, WIDTH, "aux")
+        assert rows.prefill.shape == (len(body["input_ids"]), WIDTH)
+        assert torch.equal(rows.prefill, want.prefill)
+        if body.get("top_logprobs_num"):
+            assert torch.equal(rows.top_ids, want.top_ids)
+            assert torch.equal(rows.top_logprobs, want.top_logprobs)
+    # no numbers asked for in the reply
+    assert all("return_hidden_states" not in r for r in hook.requests if "rid" in r)
+    assert list(hook.folder.iterdir()) == []  # every piece removed once read
+
+
+def test_a_prefix_cache_hit_is_flushed_and_asked_again(hook):
+    body = prefill_body(fixture("req_05.json")["input_ids"])  # recorded as a cache hit first
+    rows = HookTransport(hook.folder).request_rows(ServerPool([hook.url]), body, WIDTH, "aux")
+    assert hook.flushes == 1 and rows.prefill.shape == (len(body["input_ids"]), WIDTH)
+
+
+def test_a_server_that_keeps_hitting_its_cache_is_refused(tmp_path):
+    server = HookReplay(tmp_path, always_hit=True)
+    try:
+        body = prefill_body(fixture("req_05.json")["input_ids"])
+        with pytest.raises(PartialPrefillError, match="rows start at position .* --disable-radix-cache"):
+            HookTransport(tmp_path).request_rows(ServerPool([server.url]), body, WIDTH, "aux")
+    finally:
+        server.close()
+
+
+def test_rows_the_hook_could_not_place_stop_with_its_reason(hook):
+    hook.refuse = "positions do not start at the extend prefix"
+    with pytest.raises(HandoverError, match="could not hand over .*: positions do not start"):
+        HookTransport(hook.folder).request_rows(ServerPool([hook.url]), recorded(1), WIDTH, "aux")
+    assert list(hook.folder.iterdir()) == []
+
+
+def test_rows_that_never_arrive_name_the_folder(tmp_path):
+    server = Replay("aux")  # no hook: nothing is written
+    try:
+        transport = HookTransport(tmp_path, wait_s=0.2)
+        with pytest.raises(HandoverError, match=f"cover 0 of .* in {tmp_path} after 0.2 s: is the server's"):
+            transport.request_rows(ServerPool([server.url]), recorded(1), WIDTH, "aux")
+    finally:
+        server.close()
+
+
+def test_a_folder_this_client_cannot_write_is_refused_before_any_request(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(HandoverError, match="sglang_handover_dir .*file/handover: not writable here"):
+        HookTransport(tmp_path / "file" / "handover")
+
+
+def test_a_killed_clients_pieces_are_removed_once_stale(tmp_path):
+    old, fresh = tmp_path / "e3-host-1-ab.0-4.bfloat16", tmp_path / "e3-host-1-cd.0-4.bfloat16"
+    other = tmp_path / "x"
+    for path in (old, fresh, other):
+        path.write_bytes(b"\0" * 8)
+    os.utime(old, (time.time() - STALE_S - 1, time.time() - STALE_S - 1))
+    assert remove_stale(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, other.name])
