@@ -125,7 +125,8 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         model = resolve_target("smollm2-135m-instruct")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-        env |= {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(STAND_IN)}
+        # the repository root too: a --forward-hooks factory of this project imports from it
+        env |= {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join([str(STAND_IN), str(REPO)])}
         command = [SGLANG_PYTHON, "-m", "sglang.launch_server", "--model-path", str(model)]
         command += ["--host", "127.0.0.1", "--port", str(self.port), *BASE_ARGS, *args]
         with open(log, "wb") as out:

@@ -17,7 +17,8 @@ from torch import Tensor
 
 from eagle3.core.layer_ids import LayerIdRule
 from eagle3.sglang.client import ServerPool
-from eagle3.sglang.rows import generate_body, prefill_body, request_rows
+from eagle3.sglang.handover import HookTransport
+from eagle3.sglang.rows import generate_body, parse_rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_pool_args
 from eagle3.verifier.patch_check import PatchCheckError
 
@@ -178,29 +179,36 @@ def run_sglang_patch_check(
 
 
 def check_transport(
-    aux: ServerPool, transport: object, inputs: list[list[int]], width: int, copies: int = 4
+    aux: ServerPool, transport: HookTransport, inputs: list[list[int]], width: int, copies: int = 4
 ) -> dict:
-    """Every aux server's rows through `transport` (the hook) against its JSON rows of the same
-    requests, bit for bit in the server's dtype: each input sent `copies` times at once, so the
-    server batches them into shared forwards. Raises PatchCheckError naming the first mismatch."""
+    """Every aux server's hook rows against the JSON rows of the same forwards, bit for bit:
+    each request asks for both (return_hidden_states and a request id), each input is sent
+    `copies` times at once, so the server batches requests into shared forwards and the hook
+    must split them right. Raises PatchCheckError naming the first mismatch."""
     compared = 0
     for url in aux.urls:
         one = ServerPool([url], aux.timeout_s)
-        reference = [request_rows(one, prefill_body(ids), width, "aux rows").prefill for ids in inputs]
-        sent = [i for i in range(len(inputs)) for _ in range(copies)]
-        def through(i: int, one: ServerPool = one):
-            return transport.request_rows(one, prefill_body(inputs[i]), width, "aux rows")
 
+        def both(ids: list[int], one: ServerPool = one, url: str = url) -> tuple[Tensor, Tensor]:
+            rid = transport.new_rid()
+            try:
+                response = one.generate(url, prefill_body(ids) | {"rid": rid})
+                given = parse_rows(response, len(ids), width, "aux rows", url).prefill
+                return given, transport.collect(rid, len(ids), width, url, "aux rows")
+            finally:
+                transport.discard(rid)
+
+        sent = [ids for ids in inputs for _ in range(copies)]
         with ThreadPoolExecutor(len(sent)) as pool:
-            got = list(pool.map(through, sent))
-        for i, rows in zip(sent, got, strict=True):
-            if not torch.equal(rows.prefill, reference[i]):
-                bad = (rows.prefill != reference[i]).any(-1).nonzero()[0, 0].item()
+            pairs = list(pool.map(both, sent))
+        for ids, (given, handed) in zip(sent, pairs, strict=True):
+            if not torch.equal(given, handed):
+                bad = (given != handed).any(-1).nonzero()[0, 0].item()
                 raise PatchCheckError(
-                    f"{url}: the {transport.name} transport's rows of a {len(inputs[i])}-token prefill "
-                    f"differ from the JSON rows of the same request (first at position {bad})"
+                    f"{url}: the hook's rows of a {len(ids)}-token prefill differ from the JSON rows "
+                    f"of the same forward (first at position {bad})"
                 )
-            compared += len(inputs[i])
+            compared += len(ids)
     requests = len(inputs) * copies * len(aux.urls)
     return {"transport": transport.name, "requests": requests, "rows": compared, "bitwise_equal": True}
 

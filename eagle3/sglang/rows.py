@@ -8,7 +8,8 @@ tests/fixtures/sglang/README.md):
             token is output_ids[k - 1]; N output tokens give 1 + (N - 1) entries.
 W is 3H in aux mode (layers in the order of --return-aux-hidden-state-layer-ids) and H in the
 plain mode (the final-norm state). Rows that do not cover the whole prompt are never returned
-as if they did: they raise PartialPrefillError, and `request_rows` flushes and asks again.
+as if they did: a prefix-cache hit raises PartialPrefillError, and `request_rows` flushes and
+asks again; a chunked prefill (SGLang keeps its last chunk's rows only) is refused by name.
 
 With `top_logprobs` (return_logprob, logprob_start_len 0, top_logprobs_num N) the same request
 carries the target's top-N next tokens, as [logprob, token id, text] triples per position:
@@ -153,6 +154,14 @@ def parse_rows(
         )
     prefill = _matrix(states[0], width, what, url)
     cached = int(meta.get("cached_tokens") or 0)
+    if cached == 0 and prefill.shape[0] < prompt_len:
+        # SGLang 0.5.23 keeps the rows of a chunked prefill's last chunk only: no flush helps
+        raise SGLangError(
+            f"{url}: rows for {prefill.shape[0]} of {prompt_len} prompt positions and no cached "
+            "tokens: the server split the prompt into chunked prefills (--chunked-prefill-size), "
+            "whose JSON rows SGLang returns for the last chunk only; raise --chunked-prefill-size "
+            "above the longest sample (data.max_length), or use extract.sglang_transport: hook"
+        )
     if cached > 0 or prefill.shape[0] != prompt_len:
         raise PartialPrefillError(
             f"{url}: prefix-cache hit: rows for {prefill.shape[0]} of {prompt_len} prompt positions "

@@ -18,6 +18,7 @@ ARGS_THAT_MATTER = (
     "enable_return_hidden_states",
     "enable_return_aux_hidden_states",
     "return_aux_hidden_state_layer_ids",
+    "forward_hooks",  # the hook transport's factory and hand-over folder
 )
 
 
