@@ -24,6 +24,7 @@ import pytest
 import torch
 from test_sglang_live import (
     AUX_ARGS,
+    TOPK,
     H,
     LiveServer,
     conversations,
@@ -72,7 +73,8 @@ def test_batched_and_chunked_hook_rows_are_the_json_rows_of_the_same_forwards(ho
 
     def both(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rid = transport.new_rid()
-        response = pool.generate(server.url, prefill_body(ids) | {"rid": rid})
+        # with logprobs from position 0, as extraction asks: SGLang then keeps off its prefix cache
+        response = pool.generate(server.url, prefill_body(ids, TOPK) | {"rid": rid})
         given = torch.tensor(response["meta_info"]["hidden_states"][0], dtype=torch.float32)
         handed = transport.collect(rid, len(ids), WIDTH, server.url, "aux rows")
         transport.discard(rid)

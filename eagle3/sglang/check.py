@@ -192,7 +192,8 @@ def check_transport(
         def both(ids: list[int], one: ServerPool = one, url: str = url) -> tuple[Tensor, Tensor]:
             rid = transport.new_rid()
             try:
-                response = one.generate(url, prefill_body(ids) | {"rid": rid})
+                # logprobs from position 0 keep SGLang off its prefix cache: the copies share prefixes
+                response = one.generate(url, prefill_body(ids, 1) | {"rid": rid})
                 given = parse_rows(response, len(ids), width, "aux rows", url).prefill
                 return given, transport.collect(rid, len(ids), width, url, "aux rows")
             finally:
