@@ -9,9 +9,10 @@ nests its DeepSeek-V3 language model) is what is planned for.
 
 Assumptions (also in the output): AdamW keeps two moments per trainable parameter in the master
 dtype; bf16 autocast (train.dtype auto on a GPU) keeps float32 master weights, which are the
-optimizer's own (no second copy), and frozen tensors (embedding, teacher head rows) in bf16; DDP
-replicates everything on each device (the FSDP line shards weights, grads and moments);
-activations use the coefficients of `eagle3.train.prepare.estimate_peak_gib`. FLOPs count
+optimizer's own (no second copy), and frozen tensors (embedding, the target's lm_head and the
+teacher's rows) in bf16; DDP replicates everything on each device (the FSDP line shards weights,
+grads and moments); activations use eagle3.drafter.cost's coefficients, calibrated on an H200,
+and the figure is the train stage's pre-flight one. FLOPs count
 matmuls only (2 per multiply-add), forward, attention over the context left out (it grows with
 the context for the target and the drafter alike).
 
@@ -33,15 +34,25 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from eagle3.core.device import DTYPES
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, resolve_aux_layers
-from eagle3.data.store import FP8, feature_bytes_per_token
+from eagle3.data.store import FP8
 from eagle3.drafter.config import DrafterConfig
+from eagle3.drafter.cost import (
+    GIB,
+    IDS_MASK_BYTES,
+    draft_step_flops,
+    drafter_params,
+    precision_of,
+    store_bytes_per_token,
+    training_memory,
+)
 from eagle3.drafter.export import load_drafter_config
 from eagle3.sglang.servers import store_format
-from eagle3.train.prepare import SHAPE_KEYS, activation_bytes_per_step, drafter_config
+from eagle3.train.prepare import SHAPE_KEYS, drafter_config
+from eagle3.vocab import draft_size
 
-GIB = 2**30
 # The drafter a real Kimi-K2.5 run reported ("2594.7M total params, 1190.9M trainable" at a
 # 32,000-token draft vocabulary): the shape the plan compares a Kimi-shaped
 # target's drafter with.
@@ -53,7 +64,6 @@ REPORTED_KIMI_DRAFTER = {
 }
 REPORTED = "64 heads, 64 KV heads, head_dim 128, MLP 18,432"
 KIMI_TARGET = {"hidden_size": 7168, "vocab_size": 163840}
-IDS_MASK_BYTES = (4 + 1) * 2  # input_ids int32 + loss_mask uint8, in the shards and the token file
 # Tokens per second one target server (Kimi-K2.5 on 8 x H200 under SGLang, say) runs forwards
 # over, for the server-hours of extraction and of online training. An assumption, not a
 # measurement (no GPU server has been run for this project: docs/sglang.md): 63.4 GFLOP a token
@@ -163,54 +173,6 @@ def _matmul_weights(c: dict[str, Any], all_experts: bool) -> dict[str, int]:
     return {"attention": attention * layers, "mlp": mlp, "lm_head": h * v}
 
 
-def drafter_params(cfg: DrafterConfig, p: Any) -> dict[str, int]:
-    """Parameters of the drafter as `eagle3.drafter.model.Eagle3Drafter` builds it, and the frozen
-    target tensors training holds beside it (embedding; the teacher's lm_head rows)."""
-    h, ht, k, v = cfg.hidden_size, cfg.target_hidden_size, cfg.draft_vocab_size, cfg.vocab_size
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    parts = {
-        "fc": 3 * ht * h + (3 * ht if cfg.fc_norm else 0),
-        "attention": 2 * h * (q + 2 * kv) + q * h,  # q, k, v read concat(embedding, hidden): 2H
-        "mlp": 3 * h * cfg.intermediate_size,
-        "layer_norms": 3 * h,  # input_layernorm, hidden_norm, post_attention_layernorm
-        "draft_lm_head": k * h,
-        "final_norm": h,
-    }
-    head_frozen = not getattr(p, "head_trainable", True)
-    frozen_parts = {"draft_lm_head", "final_norm"} if head_frozen else set()
-    trainable = sum(n for name, n in parts.items() if name not in frozen_parts)
-    # the teacher: the target's lm_head rows of the draft vocabulary (all V rows for
-    # train.target_topk on a final-state store, which ranks the full vocabulary)
-    teacher = (v if getattr(p, "target_topk", None) else k) * ht
-    frozen = {"embedding": v * h, "teacher_head_rows": teacher} | {n: parts[n] for n in frozen_parts}
-    return parts | {
-        "trainable": trainable,
-        "frozen_embedding": v * h,
-        "frozen_teacher_head_rows": teacher,
-        "frozen": sum(frozen.values()),
-        "total": trainable + sum(frozen.values()),
-    }
-
-
-def draft_step_flops(cfg: DrafterConfig) -> dict[str, float]:
-    """Forward matmul FLOPs of one draft token (the decoder layer and the draft head; fc runs once
-    per verified token on the target's aux states)."""
-    p = drafter_params(cfg, SimpleNamespace())
-    step = 2.0 * (p["attention"] + p["mlp"] + p["draft_lm_head"])
-    return {"draft_step": step, "fc_per_verified_token": 2.0 * 3 * cfg.target_hidden_size * cfg.hidden_size}
-
-
-def store_bytes_per_token(hidden: int, top_n: int, dtype: str = "bfloat16") -> dict[str, int]:
-    """Bytes the feature store keeps per token (eagle3/data/store.py): aux_hidden [3H] with
-    last_hidden [H] (final_state) or N x (id int32 + logprob float32) (top-N logprobs), the
-    hidden states in bf16 or (`dtype` float8_e4m3fn) fp8 with a float32 scale per row, plus
-    input_ids and loss_mask in the shards and again in the token file."""
-    return {
-        "final_state": feature_bytes_per_token(hidden, dtype) + IDS_MASK_BYTES,
-        "top_logprobs": feature_bytes_per_token(hidden, dtype, top_n) + IDS_MASK_BYTES,
-    }
-
-
 def training_steps(params: Params) -> dict[str, int]:
     """Optimizer steps as eagle3/train runs them: the held-out split of train/data.split_samples,
     full batches of train.batch_size per epoch (a last partial one dropped)."""
@@ -227,29 +189,13 @@ def training_steps(params: Params) -> dict[str, int]:
     }
 
 
-def training_memory(
-    cfg: DrafterConfig, counts: dict[str, int], params: Params, world: int
-) -> dict[str, float]:
-    """Per-device training memory in GiB (see the module doc for what is assumed)."""
-    p = params.train
-    master = 8 if p.dtype == "float64" else 4
-    frozen_bytes = master if p.dtype in ("float32", "float64") else 2  # bf16 autocast: frozen tensors in bf16
-    trainable = counts["trainable"]
-    rows = math.ceil(p.batch_size / world)
-    activations = (
-        activation_bytes_per_step(cfg, p, rows) * p.ttt_length + rows * p.seq_len * cfg.draft_vocab_size * 2
-    )
-    out = {
-        "weights_trainable": trainable * master / GIB,
-        "weights_frozen": counts["frozen"] * frozen_bytes / GIB,
-        "grads": trainable * master / GIB,
-        "optimizer": 2 * trainable * master / GIB,
-        "activations": activations / GIB,
-    }
-    out["total_ddp"] = sum(out.values())
-    sharded = (out["weights_trainable"] + out["grads"] + out["optimizer"]) / world
-    out["total_fsdp"] = sharded + out["weights_frozen"] + out["activations"]
-    return out
+def planned_memory(cfg: DrafterConfig, params: Params, world: int) -> dict[str, float]:
+    """Per-device training memory (GiB) of these params: the train stage's pre-flight figure
+    (eagle3.drafter.cost.training_memory) with train.dtype auto taken as on a GPU (bf16 autocast)
+    and the store the extract params select."""
+    dtype = DTYPES["bfloat16" if params.train.dtype == "auto" else params.train.dtype]
+    top_n = params.extract.sglang_top_logprobs if store_format(params.extract) == "top_logprobs" else None
+    return training_memory(cfg, params.train, world, precision_of(dtype), top_n)
 
 
 def feature_modes(
@@ -337,7 +283,7 @@ def plan(
     cfg = drafter_config(base, params.train)
     counts = drafter_params(cfg, params.train)
     h, v = cfg.target_hidden_size, cfg.vocab_size
-    sizes = sorted({min(k, v) for k in params.vocab.coverage_grid} | {cfg.draft_vocab_size, v})
+    sizes = sorted({draft_size(k, v) for k in params.vocab.coverage_grid} | {cfg.draft_vocab_size, v})
     by_size = []
     for k in sizes:
         sized = drafter_params(DrafterConfig(**(cfg.as_dict() | {"draft_vocab_size": k})), params.train)
@@ -408,7 +354,7 @@ def plan(
             server_tokens_per_s,
         ),
         "training": training_steps(params)
-        | {"world_size": world, "memory_gib_per_device": training_memory(cfg, counts, params, world)},
+        | {"world_size": world, "memory_gib_per_device": planned_memory(cfg, params, world)},
         "flops": flops_draft
         | {
             "target_per_token": flops_target["total"],
@@ -418,10 +364,12 @@ def plan(
         "assumptions": [
             "AdamW: two moments per trainable parameter in the master dtype (float32)",
             "bf16 autocast (train.dtype auto on a GPU): float32 master weights are the optimizer's, "
-            "frozen embedding and teacher rows in bf16"
+            "frozen embedding, the target's lm_head and teacher rows in bf16"
             if params.train.dtype not in ("float32", "float64")
             else f"train.dtype {params.train.dtype}: everything in it, no autocast",
             "DDP replicates weights, grads and optimizer on every device; FSDP shards those three",
+            "activations as measured on an H200 (docs/results.md 2026-12-04 17:50), rounded up; "
+            "0.5 GiB for the runtime",
             "tokens: " + ("--tokens" if tokens else "data.num_samples x data.max_length (an upper bound)"),
             "FLOPs: forward matmuls, 2 per multiply-add; attention over the context left out",
             f"target server throughput {server_tokens_per_s:,.0f} tokens/s (an assumption: measure yours)",
@@ -590,7 +538,8 @@ def print_plan(result: dict, console: Any) -> None:
         ("weights: trainable / frozen", f"{_g(mem['weights_trainable'])} / {_g(mem['weights_frozen'])}"),
         ("grads", _g(mem["grads"])),
         ("optimizer (AdamW moments)", _g(mem["optimizer"])),
-        ("activations (rough)", _g(mem["activations"])),
+        ("activations (calibrated on an H200)", _g(mem["activations"])),
+        ("runtime (interpreter, allocator, CUDA context)", _g(mem["runtime"])),
         ("[bold]per device, DDP", _g(mem["total_ddp"])),
         ("per device, FSDP-sharded", _g(mem["total_fsdp"])),
     ):

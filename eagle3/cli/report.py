@@ -140,13 +140,15 @@ class PlanTarget:
     def cost(self, e: Experiment) -> dict | None:
         """The plan of the row's params on this target at the row's draft vocabulary (capped at
         the target's): the target section replaced, the drafter shape derived from the target."""
+        from eagle3.vocab import draft_size  # noqa: PLC0415 - torch, only when a plan target is given
+
         size = e.draft_vocab_size
         if size is None:
             return None
         flat = {
             k: v for k, v in e.params.items() if not k.startswith("target.") and k not in OWN_DRAFTER_KEYS
         }
-        flat |= {"target.source": self.source, "vocab.size": min(size, self.vocab_size)}
+        flat |= {"target.source": self.source, "vocab.size": draft_size(size, self.vocab_size)}
         return _plan_of(json.dumps(flat, sort_keys=True))
 
 
