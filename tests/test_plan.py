@@ -13,17 +13,17 @@ from tiny_drafters import tiny_drafter_config
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from eagle3.cli.command import main as cli
-from eagle3.cli.plan import (
+from eagle3.core.inputs import InputError
+from eagle3.core.params import Params, ParamsError, TrainParams, parse_params, resolve_aux_layers
+from eagle3.drafter import DrafterConfig, Eagle3Drafter
+from eagle3.drafter.cost import IDS_MASK_BYTES, drafter_params
+from eagle3.sweep.plan import (
     SERVER_TOKENS_PER_S,
     plan,
     read_target_config,
     target_flops_per_token,
     target_weight_count,
 )
-from eagle3.core.inputs import InputError
-from eagle3.core.params import Params, ParamsError, TrainParams, parse_params, resolve_aux_layers
-from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.drafter.cost import IDS_MASK_BYTES, drafter_params
 from eagle3.train.prepare import check_memory, drafter_config, precision
 from eagle3.vocab import draft_size
 
@@ -170,8 +170,8 @@ def test_plan_command_json_text_and_bad_input(capsys, tmp_path):
 
 
 def test_vocab_report_shows_the_planned_cost_beside_each_size(tmp_path):
-    from eagle3.cli.experiments import Experiment
-    from eagle3.cli.report import write_report
+    from eagle3.sweep.experiments import Experiment
+    from eagle3.sweep.render import write_report
 
     def row(size: int) -> Experiment:
         params = Params().flat() | {"target.source": str(KIMI.parent), "vocab.size": size}
