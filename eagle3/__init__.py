@@ -15,7 +15,9 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
     sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and
                         evaluation on SGLang servers, built on verifier/, data/, drafter/, decoding/
     backends.py         the features backends (hf, sglang) behind one protocol: the stages call it
-    cli/                the `eagle3` command and reports; no stage imports it
+    sweep/              experiments as rows, what a run costs (the plan), the sweep's decision and
+                        its report files; no stage imports it
+    cli/                the `eagle3` command: parses arguments and prints; no stage imports it
 """
 
 from __future__ import annotations
@@ -33,5 +35,6 @@ LAYERS = (
     "dtype_decisions",
     "sglang",
     "backends",
+    "sweep",
     "cli",
 )
