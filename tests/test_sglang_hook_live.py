@@ -84,8 +84,9 @@ def test_batched_and_chunked_hook_rows_are_the_json_rows_of_the_same_forwards(ho
         pairs = list(threads.map(both, prompts))
     chunked = 0
     for ids, (given, handed) in zip(prompts, pairs, strict=True):
-        assert handed.shape == (len(ids), WIDTH)  # every position, chunked or not
-        assert given.shape[0] == len(ids) or len(ids) > CHUNK  # JSON is short only when chunked
+        # every position, chunked or not (a forward's 64 tokens are shared: the last request of a
+        # batched forward is split too)
+        assert handed.shape == (len(ids), WIDTH)
         chunked += given.shape[0] < len(ids)
         assert torch.equal(handed[len(ids) - given.shape[0] :], given)
     print(f"{len(prompts)} requests in flight, {chunked} of them chunked prefills: the same bits")
