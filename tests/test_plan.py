@@ -369,3 +369,20 @@ def test_planned_memory_is_calibrated_on_the_h200_run():
         raw = {"vocab": {"size": size}, "train": {"batch_size": 1, "seq_len": 2048, "ttt_length": 7}}
         planned = plan(parse_params(raw), read_target_config(str(KIMI)))["training"]["memory_gib_per_device"]
         assert peak < planned["total_ddp"] < 1.2 * peak, (size, planned["total_ddp"], peak)
+
+
+def test_the_transport_of_the_aux_rows_bounds_a_servers_rate_where_it_is_lower():
+    """At Kimi-K2.5's width (3 x 7,168 numbers a token) the JSON path carries less than the
+    assumed forward rate, so it sets the server-hours; the hook carries more, so the forwards do."""
+    servers = {"backend": "sglang", "sglang_url": "http://server:30000"}
+    json_path = _kimi_features(17_300_000, extract=servers)
+    hook = _kimi_features(
+        17_300_000, extract=servers | {"sglang_transport": "hook", "sglang_handover_dir": "/dev/shm/h"}
+    )
+    ceiling = json_path["transport_ceilings_tokens_per_s"]["json"]
+    assert json_path["binds"] == "transport" and json_path["effective_tokens_per_s"] == ceiling
+    assert close(json_path["modes"]["store"]["server_hours"], 17_300_000 / ceiling / 3600)
+    assert hook["binds"] == "servers" and hook["effective_tokens_per_s"] == SERVER_TOKENS_PER_S
+    assert hook["transport_ceilings_tokens_per_s"]["hook"] >= 10 * ceiling
+    in_process = _kimi_features(17_300_000)  # hf: no transport between processes
+    assert in_process["transport"] is None and in_process["binds"] == "servers"

@@ -30,6 +30,23 @@ def _flop(n: float) -> str:
     return f"{n / 1e9:,.2f} GFLOP"
 
 
+def print_transport(f: dict, console: Any) -> None:
+    """Which bounds a server's rate: its forwards (assumed) or the transport of the aux rows."""
+    ceilings = ", ".join(f"{name} {c:,.0f}" for name, c in f["transport_ceilings_tokens_per_s"].items())
+    line = f"transport ceiling per server at this width (tokens/s, measured per number): {ceilings}"
+    if f["transport"] is None:
+        console.print(
+            f"[yellow]note:[/] {line}; extract.backend hf moves no rows between processes", highlight=False
+        )
+        return
+    bound = (
+        f"the {f['transport']} transport binds: {f['effective_tokens_per_s']:,.0f} tokens/s a server"
+        if f["binds"] == "transport"
+        else f"the servers' forwards bind, not the {f['transport']} transport"
+    )
+    console.print(f"[yellow]note:[/] {line}; {bound}", highlight=False)
+
+
 def print_features(f: dict, console: Any) -> None:
     """Stores (bf16, fp8) against online side by side (every FEATURE_MODES entry), the configured
     one marked."""
@@ -37,7 +54,7 @@ def print_features(f: dict, console: Any) -> None:
 
     modes, q = f["modes"], f["prefetch"]
     rate = f"{f['server_tokens_per_s']:,.0f} tokens/s"
-    short = f"{f['server_tokens_per_s']:,.0f} tok/s"
+    short = f"{f['effective_tokens_per_s']:,.0f} tok/s"
     table = Table(
         title=f"Features: store against online ({f['tokens']:,} tokens, {f['epochs']} epochs; "
         "* = extract.features)",
@@ -86,6 +103,7 @@ def print_features(f: dict, console: Any) -> None:
         "measurement: docs/features.md)",
         highlight=False,
     )
+    print_transport(f, console)
     weights = max(m["target_weights_bytes_in_trainer"] for m in modes.values())
     if weights:
         console.print(

@@ -220,7 +220,7 @@ def extraction_code_sha256() -> str:
 def config_hash(params: Params, fingerprint: dict) -> str:
     """What a shard's journal entry must match to be resumed: params, target and code."""
     # where the servers are and how many requests fly change no byte: a resumed run may use others
-    transport = {key.split('.', 1)[1] for key in TRANSPORT_KEYS if key.startswith('extract.')}
+    transport = {key.split(".", 1)[1] for key in TRANSPORT_KEYS if key.startswith("extract.")}
     extract = params.extract.model_dump(exclude=transport)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
         extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}

@@ -21,8 +21,10 @@ Features, store against online (`extract.features`; a store in bf16 or fp8,
 `extract.store_dtype`): all are planned whatever is configured. What each keeps on disk, how
 often the target runs over every token (store: once, at extraction; online: once per epoch),
 those forwards in FLOPs and in server-hours at an assumed throughput (`SERVER_TOKENS_PER_S`, an
-input: nothing here measured a GPU server), and what each adds to a training process's memory
-(online: the prefetch queue, and the target itself for the in-process hf backend).
+input: nothing here measured a GPU server) or, for SGLang servers, at the lower of that and what
+the configured transport of the aux rows can carry (measured: eagle3/sglang/transport_cost.py),
+and what each adds to a training process's memory (online: the prefetch queue, and the target
+itself for the in-process hf backend).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from eagle3.drafter.cost import (
 )
 from eagle3.drafter.export import load_drafter_config
 from eagle3.sglang.servers import store_format
+from eagle3.sglang.transport_cost import SERVER_CPU_S_PER_NUMBER, transport_ceiling
 from eagle3.train.prepare import SHAPE_KEYS, drafter_config
 from eagle3.vocab import draft_size
 
@@ -215,6 +218,11 @@ def feature_modes(
         raise InputError(f"plan: server tokens/s must be above 0 (got {server_tokens_per_s})")
     ex, tr = params.extract, params.train
     flops_per_token = target_flops_per_token(target)["total"]
+    # sglang: the servers hand the aux rows over through a transport whose CPU bounds their rate
+    aux_numbers = 3 * target["hidden_size"]
+    ceilings = {name: transport_ceiling(name, aux_numbers) for name in SERVER_CPU_S_PER_NUMBER}
+    ceiling = ceilings[ex.sglang_transport] if ex.backend == "sglang" else math.inf
+    rate = min(server_tokens_per_s, ceiling)
     # each process prefetches its own rows of the global batch (train.batch_size / devices), as
     # stored (bf16; a float32 train.dtype holds them in float32), beyond the batch being trained
     rows = math.ceil(tr.batch_size / world)
@@ -234,7 +242,7 @@ def feature_modes(
             "disk_bytes": per_token * tokens,
             "target_passes": passes,
             "target_flops": passes * tokens * flops_per_token,
-            "server_hours": passes * tokens / server_tokens_per_s / 3600,
+            "server_hours": passes * tokens / rate / 3600,
             # store: shards are memory-mapped, so the page cache holds what fits and nothing
             # waits in a queue beyond the batch being trained (its activations are counted)
             "in_flight_bytes_per_process": queue if live else 0,
@@ -250,6 +258,10 @@ def feature_modes(
         "feature_bytes_per_token": feature_bytes["bfloat16"],
         "feature_bytes_per_token_fp8": feature_bytes[FP8],
         "server_tokens_per_s": server_tokens_per_s,
+        "transport": ex.sglang_transport if ex.backend == "sglang" else None,
+        "transport_ceilings_tokens_per_s": ceilings,
+        "effective_tokens_per_s": rate,
+        "binds": "transport" if ceiling < server_tokens_per_s else "servers",
         "target_flops_per_token": flops_per_token,
         "prefetch": {
             "batches": params.online.prefetch_batches,
