@@ -10,9 +10,11 @@ from eagle3.core.device import machine
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import Params
 from eagle3.core.resolved_dtypes import pinned
-from eagle3.core.stageio import read_json, write_metrics
+from eagle3.core.stage_commit import staged_outputs
+from eagle3.core.stageio import metrics_path, read_json, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.extract import extract_features
+from eagle3.data.store import work_folder
 from eagle3.verifier.load import load_target
 from stages.common import console, reported_failures, validated_params
 
@@ -28,19 +30,22 @@ def extract_hf(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, st
     target = load_target(pinned(params, "prefill").target)  # the dtype the dtypes stage recorded
     if params.extract.pack_weights:
         pack_linears(target.model)  # a no-op outside float32 on CPU
-    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, OUT, stats=stats)
+    aux_layers = fingerprint["aux_layers"]
+    manifest = extract_features(target, params, aux_layers, fingerprint, OUT, stats=stats, publish=False)
     return manifest, str(target.model.dtype).removeprefix("torch.")
 
 
 def extract_sglang(params: Params, fingerprint: dict, stats: dict) -> tuple[dict, str]:
     from eagle3.sglang.extract import extract_with_sglang  # the hf path needs no HTTP client
 
-    return extract_with_sglang(params, fingerprint, OUT, stats=stats), fingerprint["dtype"]
+    return extract_with_sglang(params, fingerprint, OUT, stats=stats, publish=False), fingerprint["dtype"]
 
 
 def main() -> None:
     params = validated_params()
-    with reported_failures("extract"):
+    # staged_outputs: all outputs replaced together at the end, none when the stage fails (issue 44);
+    # the new store is the completed work folder (eagle3/data/store.py), adopted by the commit
+    with reported_failures("extract"), staged_outputs("extract") as staged:
         if not REPORT.exists():
             raise FileNotFoundError(f"{REPORT} is missing: run the patch-check stage first")
         fingerprint = read_json(REPORT)["fingerprint"]
@@ -53,6 +58,7 @@ def main() -> None:
         backend = extract_sglang if params.extract.backend == "sglang" else extract_hf
         stats: dict = {}
         manifest, dtype = backend(params, fingerprint, stats)
+        staged.adopt(OUT, work_folder(OUT))
         seconds = time.perf_counter() - started
         metrics = {
             "num_samples": manifest["num_samples"],
@@ -64,7 +70,7 @@ def main() -> None:
         # the rate of what this run computed: resumed shards cost nothing and would inflate it
         if stats.get("computed_tokens"):
             metrics["extract_tokens_per_s"] = round(stats["computed_tokens"] / stats["computed_seconds"], 1)
-        write_metrics("extract", metrics)
+        write_json(staged.path(metrics_path("extract")), metrics)
         with pipeline_run(params, "extract") as run:
             run.log_metrics(metrics)
             tags = {"extract.dtype": metrics["dtype"], "extract.machine": machine()}

@@ -197,7 +197,7 @@ def extract_with_sglang(
     **options: int | dict | None,
 ) -> dict:
     """The extract stage's work on SGLang servers; refuses servers that differ from what patch-check
-    saw. `options`: run_extraction's `stop_after_shards` and `stats`."""
+    saw. `options`: run_extraction's `stop_after_shards`, `stats` and `publish`."""
     checked = checked_servers(params, fingerprint)
     path = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(path)
