@@ -2,18 +2,18 @@
 
 DVC deletes a stage's outputs before running it unless they are `persist: true`, and every output
 in dvc.yaml is, so a stage that fails (a bad param, a missing file, a dead server, a refusal, a
-SIGKILL) leaves the last run's outputs where they were. The stage writes its new outputs into
-staging folders instead (`staged.path("metrics/train.json")` is `metrics/.staged-train/train.json`:
-inside the output's top folder, so on its filesystem even where artifacts/ is a mount, and the
-swap is renames). When its work is done, `commit` writes a journal naming the outputs, renames each
-old output aside (`<top>/.replaced-<stage>/`) and the new one into place, then deletes the journal
-and the old outputs.
+SIGKILL) leaves the last run's outputs where they were. The stage writes its new outputs into a
+staging area instead: `staged.path("metrics/train.json")` is `.stage-commit/train/new/metrics/train.json`
+(or, for a top folder on another filesystem than the project, e.g. artifacts/ on a mount, the same
+path inside `<top>/.stage-commit-train/`, so that the swap is renames). When its work is done,
+`commit` writes a journal naming the outputs, renames each old output aside and the new one into
+place, then deletes the journal and the old outputs.
 
-A run that fails or is killed before the journal is written changed no output: its staging folders
-are removed (on an exception at once; after a kill, by the stage's next run). A run killed during
+A run that fails or is killed before the journal is written changed no output: its staging area
+is removed (on an exception at once; after a kill, by the stage's next run). A run killed during
 the renames left the journal: every new output was complete before it was written, so the next run
-of the stage (and `recover`) finishes the swap before doing anything else. Resumable work
-(artifacts/extract.partial, artifacts/train/checkpoints) lives outside the outputs and is untouched.
+of the stage finishes the swap (rolls forward) before doing anything else. Resumable work
+(artifacts/extract.partial, artifacts/train/checkpoints) lives outside the outputs, untouched.
 
 A folder the stage completed elsewhere (extraction's work folder, which holds the resumable
 shards) is `adopt`ed: the commit moves it into place, and a failed run leaves it where it was.
@@ -50,11 +50,12 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
         "plots/acceptance.png",
     ),
 }
-STAGED, REPLACED = ".staged-", ".replaced-"
+AREA = ".stage-commit"  # at the project root, git-ignored
+NEW, OLD = "new", "old"
 
 
 def journal_path(stage: str, root: Path = Path(".")) -> Path:
-    return root / f".stage-commit-{stage}.json"
+    return root / AREA / f"{stage}.json"
 
 
 def _remove(path: Path) -> None:
@@ -62,6 +63,13 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def _device(path: Path) -> int:
+    """The filesystem `path` is (or would be created) on."""
+    while not path.exists():
+        path = path.parent
+    return path.stat().st_dev
 
 
 class StagedOutputs:
@@ -74,23 +82,29 @@ class StagedOutputs:
         self.outputs = [Path(out) for out in STAGE_OUTPUTS[stage]]
         self.adopted: dict[str, Path] = {}
         self.journal = journal_path(stage, self.root)
-        # top folders (metrics/, plots/) this run would create: a failed run leaves none behind
-        self.absent_tops = [top for top in self._tops() if not top.exists()]
+        tops = sorted({out.parts[0] for out in self.outputs})
+        here = _device(self.root.absolute())
+        # per top folder, where its staged and set-aside outputs live: renames cannot cross devices
+        self.areas = {
+            top: (
+                self.root / AREA / stage
+                if _device((self.root / top).absolute()) == here
+                else self.root / top / f"{AREA}-{stage}"
+            )
+            for top in tops
+        }
 
-    def _tops(self) -> list[Path]:
-        return sorted({self.root / out.parts[0] for out in self.outputs})
-
-    def _beside(self, prefix: str, rel: Path) -> Path:
-        top, *rest = Path(rel).parts
-        return self.root / top / f"{prefix}{self.stage}" / Path(*rest)
+    def _in_area(self, kind: str, rel: Path) -> Path:
+        top = rel.parts[0]
+        return self.areas[top] / kind / rel
 
     def path(self, rel: str | Path) -> Path:
         """Where this run writes output `rel` (project-relative), or a folder holding outputs
-        (`plots`): the same path inside the top folder's staging folder."""
+        (`plots`): the same relative path inside the staging area."""
         rel = Path(rel)
         if not any(out == rel or out.is_relative_to(rel) or rel.is_relative_to(out) for out in self.outputs):
             raise ValueError(f"{rel} is not an output of stage {self.stage}: {self.outputs}")
-        return self._beside(STAGED, rel)
+        return self._in_area(NEW, rel)
 
     def adopt(self, rel: str | Path, folder: Path) -> None:
         """The new output `rel` is `folder`, complete: the commit moves it into place."""
@@ -98,20 +112,17 @@ class StagedOutputs:
             raise ValueError(f"{rel} is not an output of stage {self.stage}: {self.outputs}")
         self.adopted[str(rel)] = Path(folder)
 
-    def _folders(self, prefix: str) -> list[Path]:
-        return [top / f"{prefix}{self.stage}" for top in self._tops()]
-
-    def _clean_up(self, prefixes: tuple[str, ...]) -> None:
-        for prefix in prefixes:
-            for folder in self._folders(prefix):
-                _remove(folder)
-        for top in self.absent_tops:
-            if top.is_dir() and not any(top.iterdir()):
-                top.rmdir()
+    def _clean_up(self, kinds: tuple[str, ...]) -> None:
+        for area in set(self.areas.values()):
+            for kind in kinds:
+                _remove(area / kind)
+            for empty in (area, self.root / AREA):
+                if empty.is_dir() and not any(empty.iterdir()):
+                    empty.rmdir()
 
     def _sources(self) -> dict[str, Path]:
         """Each output's new version: adopted, or written to its staging path."""
-        return {str(out): self.adopted.get(str(out), self._beside(STAGED, out)) for out in self.outputs}
+        return {str(out): self.adopted.get(str(out), self._in_area(NEW, out)) for out in self.outputs}
 
     def recover(self) -> bool:
         """Finish a commit a killed run began (True), and remove what a killed run staged."""
@@ -120,14 +131,14 @@ class StagedOutputs:
             record = json.loads(self.journal.read_text())
         except FileNotFoundError:
             record = None
-        except ValueError:  # torn: written atomically, so never; but then nothing was swapped yet
+        except ValueError:  # torn: never, it is written atomically; nothing was swapped yet then
             record = None
             self.journal.unlink()
         if record is not None:
             self._swap({out: self.root / src for out, src in record["new"].items()}, record["removed"])
             self.journal.unlink()
             finished = True
-        self._clean_up((STAGED, REPLACED))
+        self._clean_up((NEW, OLD))
         return finished
 
     def commit(self) -> None:
@@ -143,11 +154,11 @@ class StagedOutputs:
         )
         self._swap(new, removed)
         self.journal.unlink()
-        self._clean_up((STAGED, REPLACED))
+        self._clean_up((NEW, OLD))
 
     def discard(self) -> None:
         """A failed run: its staged outputs go (adopted folders stay: resumable work)."""
-        self._clean_up((STAGED,))
+        self._clean_up((NEW,))
 
     def _swap(self, new: dict[str, Path], removed: list[str]) -> None:
         """Renames only, each step skipped when done already, so a re-run after a kill repeats it."""
@@ -155,6 +166,7 @@ class StagedOutputs:
             if not os.path.lexists(src):
                 continue  # moved in before the kill
             self._set_aside(out)
+            (self.root / out).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, self.root / out)
         for out in removed:
             self._set_aside(out)
@@ -162,7 +174,7 @@ class StagedOutputs:
     def _set_aside(self, out: str) -> None:
         current = self.root / out
         if os.path.lexists(current):
-            aside = self._beside(REPLACED, Path(out))
+            aside = self._in_area(OLD, Path(out))
             aside.parent.mkdir(parents=True, exist_ok=True)
             if os.path.lexists(aside):
                 _remove(aside)
