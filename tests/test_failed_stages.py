@@ -151,7 +151,8 @@ def test_a_failing_stage_leaves_every_output_byte_for_byte(repo, case):
     finally:
         (repo / "params.yaml").write_text(committed)
     assert code != 0, log[-3000:]
-    failures = [line for line in log.splitlines() if line.startswith(f"{stage} failed:")]
+    # the stage's one line: params are checked first ("error: invalid params"), then the rest
+    failures = [line for line in log.splitlines() if line.startswith((f"{stage} failed:", "error:"))]
     assert len(failures) == 1 and expected.format(**fill) in failures[0], log[-3000:]
     assert snapshot(repo) == before
     assert not (repo / AREA).exists()
