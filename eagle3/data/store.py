@@ -248,6 +248,7 @@ def resume_shards(out: Path, config_hash: str) -> dict[int, dict]:
             stale.unlink()
     for shard in found.values():
         if shard.parent != work:  # the out keeps its own: a link, not a move (or a copy where links fail)
+            (work / shard.name).unlink(missing_ok=True)  # a damaged copy of the same name
             _link_or_copy(shard, work / shard.name)
     return done
 
