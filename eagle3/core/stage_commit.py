@@ -12,7 +12,7 @@ place, then deletes the journal and the old outputs.
 A run that fails or is killed before the journal is written changed no output: its staging area
 is removed (on an exception at once; after a kill, by the stage's next run). A run killed during
 the renames left the journal: every new output was complete before it was written, so the next run
-of the stage finishes the swap (rolls forward) before doing anything else. Resumable work
+of the stage finishes the swap (rolls forward) before it stages anything. Resumable work
 (artifacts/extract.partial, artifacts/train/checkpoints) lives outside the outputs, untouched.
 
 A folder the stage completed elsewhere (extraction's work folder, which holds the resumable
