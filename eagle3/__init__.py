@@ -2,7 +2,8 @@
 
 The folder list is the map, foundations first: each entry imports only entries above it (and
 itself), never one below; tests/test_layers.py checks this against LAYERS. stages/ calls into it.
-    core/               params schema, deterministic stage outputs, input errors, packaged files,
+    core/               params schema, deterministic stage outputs (all replaced together when a stage
+                        succeeds, none when it fails: stage_commit.py), input errors, packaged files,
                         the machine and its dtypes, the layer-id convention every engine shares
                         (layer_ids.py), MLflow glue; imports nothing else of eagle3
     verifier/           the target model: load it, render text as it reads it, capture, patch-check
