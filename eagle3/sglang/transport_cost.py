@@ -10,9 +10,11 @@ ceiling (eagle3/sweep/plan.py).
 
 from __future__ import annotations
 
-# Server CPU seconds per hidden-state number sent (docs/results.md, the transport entry): JSON
-# at SmolLM2's and Kimi-K2.5's widths agree within 15% (the cost is per number), as do the hook's.
-SERVER_CPU_S_PER_NUMBER = {"json": 2.65e-7, "hook": 1.2e-9}
+# Server CPU seconds per hidden-state number sent, at Kimi-K2.5's width (3 x 7,168 numbers a
+# token): the transport's CPU over the same forwards without rows, all of the server's processes
+# (docs/results.md 2026-12-05, the transport entry). At SmolLM2's width (1,728) the same bench
+# read 13% (JSON) and 16% (hook) more per number: the cost is per number, not per token.
+SERVER_CPU_S_PER_NUMBER = {"json": 3527.6e-6 / 21504, "hook": 90.1e-6 / 21504}
 
 
 def transport_ceiling(transport: str, numbers_per_token: int) -> float:
