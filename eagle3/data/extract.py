@@ -326,6 +326,52 @@ def extract_on_hf(
     return manifest, str(target.model.dtype).removeprefix("torch.")
 
 
+def seal_store(
+    work: Path,
+    key: str,
+    shards: list[dict],
+    backend: Backend,
+    params: Params,
+    aux_layers: list[int],
+    fingerprint: dict,
+    num_samples: int,
+) -> dict:
+    """The completed shards in `work` made a store: its token file and sealed manifest."""
+    hidden_size, online = backend.hidden_size, params.extract.features == "online"
+    # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
+    ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
+    for entry in shards:
+        with safe_open(str(work / entry["file"]), framework="pt") as f:
+            ids.append(f.get_tensor("input_ids"))
+            masks.append(f.get_tensor("loss_mask"))
+            offsets.append(f.get_tensor("offsets")[1:] + offsets[-1][-1])
+    write_tokens(work, torch.cat(ids), torch.cat(masks), torch.cat(offsets))
+    dtype = params.extract.store_dtype  # float8_e4m3fn: fp8 rows + a float32 scale each (store.py)
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": fingerprint,
+        "aux_layers": list(aux_layers),
+        "dtype": dtype,
+        "hidden_size": hidden_size,
+        "num_samples": num_samples,
+        "num_tokens": sum(s["tokens"] for s in shards),
+        "num_loss_tokens": int(sum(int(m.sum()) for m in masks)),
+        "bytes_per_token": feature_bytes_per_token(hidden_size, dtype) + 4 + 1,
+        "data": params.data.model_dump(),
+        "shards": shards,
+    }
+    if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
+        manifest |= {
+            "target_topk": topk,
+            "bytes_per_token": feature_bytes_per_token(hidden_size, dtype, topk) + 4 + 1,
+        }
+    if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
+        manifest |= {"features": "online", "bytes_per_token": 4 + 1}
+    manifest = write_manifest(work, manifest, key)  # sealed: tokens sha256, config hash, checksum
+    (work / JOURNAL).unlink()  # the sealed manifest vouches for the shards now
+    return manifest
+
+
 def run_extraction(
     backend: Backend,
     params: Params,
@@ -342,7 +388,7 @@ def run_extraction(
     "computed_tokens" and "computed_seconds": the shards this run computed, not those it resumed
     (the manifest is the same either way). `publish`: the completed work folder replaces `out_dir`
     here; the extract stage passes False and commits it with its other outputs."""
-    tokenizer, chat, hidden_size = backend.tokenizer, backend.chat, backend.hidden_size
+    tokenizer, chat = backend.tokenizer, backend.chat
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = work_folder(out_dir)  # shards and journal until the run completes (store.py)
     key = config_hash(params, fingerprint)
@@ -376,37 +422,7 @@ def run_extraction(
     shards = [done[i] for i in range(len(groups))]
 
     # The new store is completed in the work folder; the last one stays in place until then.
-    # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
-    ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
-    for entry in shards:
-        with safe_open(str(work / entry["file"]), framework="pt") as f:
-            ids.append(f.get_tensor("input_ids"))
-            masks.append(f.get_tensor("loss_mask"))
-            offsets.append(f.get_tensor("offsets")[1:] + offsets[-1][-1])
-    write_tokens(work, torch.cat(ids), torch.cat(masks), torch.cat(offsets))
-    dtype = params.extract.store_dtype  # float8_e4m3fn: fp8 rows + a float32 scale each (store.py)
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "fingerprint": fingerprint,
-        "aux_layers": list(aux_layers),
-        "dtype": dtype,
-        "hidden_size": hidden_size,
-        "num_samples": len(selected),
-        "num_tokens": sum(s["tokens"] for s in shards),
-        "num_loss_tokens": int(sum(int(m.sum()) for m in masks)),
-        "bytes_per_token": feature_bytes_per_token(hidden_size, dtype) + 4 + 1,
-        "data": params.data.model_dump(),
-        "shards": shards,
-    }
-    if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
-        manifest |= {
-            "target_topk": topk,
-            "bytes_per_token": feature_bytes_per_token(hidden_size, dtype, topk) + 4 + 1,
-        }
-    if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
-        manifest |= {"features": "online", "bytes_per_token": 4 + 1}
-    manifest = write_manifest(work, manifest, key)  # sealed: tokens sha256, config hash, checksum
-    (work / JOURNAL).unlink()  # the sealed manifest vouches for the shards now
+    manifest = seal_store(work, key, shards, backend, params, aux_layers, fingerprint, len(selected))
     if publish:  # else the caller puts the work folder in place (the extract stage's commit)
         publish_store(out_dir)
     return manifest

@@ -64,6 +64,7 @@ from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.launch import (
     Launch,
     LaunchError,
+    Server,
     installed_version,
     sglang_python,
     start_servers,
@@ -258,6 +259,24 @@ def _judge_divergences(params: Params, run: EvalRun, batch: list, dtype: str, bl
         result.divergence = check_divergence(model, ids, result.baseline.tokens, result.spec.tokens, block)
 
 
+def launched_servers(
+    params: Params, path: str, kinds: dict[str, list[str]], drafter_dir: Path, log_dir: Path | None
+) -> dict[str, Server]:
+    """The eval's servers started here (logs in `log_dir`, else a new temporary folder); a
+    speculative server that exits at start is named as refusing the drafter."""
+    ev = params.eval
+    python = sglang_python(ev.sglang_python)
+    installed_version(python)
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="eagle3-sglang-"))
+    launch = Launch(python, ev.sglang_launch, ev.sglang_tp, ev.dtype, logs)
+    try:
+        return start_servers(launch, path, kinds)
+    except LaunchError as err:
+        if f"SGLang {SPEC} server exited" in str(err):
+            raise LaunchError(f"SGLang refused the drafter {drafter_dir}: {err}") from None
+        raise
+
+
 def evaluate_on_sglang(
     params: Params,
     prompts: list[Prompt],
@@ -282,16 +301,7 @@ def evaluate_on_sglang(
                 urls = {kind: given[kind] for kind in kinds}
                 where = "SGLang servers at " + ", ".join(sorted(set(urls.values())))
             else:
-                python = sglang_python(ev.sglang_python)
-                installed_version(python)
-                logs = log_dir or Path(tempfile.mkdtemp(prefix="eagle3-sglang-"))
-                launch = Launch(python, ev.sglang_launch, ev.sglang_tp, ev.dtype, logs)
-                try:
-                    servers = start_servers(launch, path, kinds)
-                except LaunchError as err:
-                    if f"SGLang {SPEC} server exited" in str(err):
-                        raise LaunchError(f"SGLang refused the drafter {drafter_dir}: {err}") from None
-                    raise
+                servers = launched_servers(params, path, kinds, drafter_dir, log_dir)
                 urls = {kind: server.url for kind, server in servers.items()}
                 where = (
                     machine()
