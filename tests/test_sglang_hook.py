@@ -1,7 +1,8 @@
 """The hook transport (eagle3/sglang/handover.py) against a replay server that hands the recorded
-rows over as the project's hook writes them: raw bf16 pieces `<rid>.<start>-<end>.bfloat16` in a
-folder, written on a thread after the reply (as the hook's writer thread does), the reply without
-hidden states. Live SGLang with the real hook: tests/test_sglang_hook_live.py."""
+rows over through the project's hook writer (eagle3/sglang/aux_hook.py Writer): raw bf16 pieces
+`<rid>.<start>-<end>.bfloat16`, or fp8 pieces with row scales, in a folder, written on a thread
+after the reply (as the hook's writer thread does), the reply without hidden states. Live SGLang
+with the real hook: tests/test_sglang_hook_live.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 import torch
 from test_sglang import H, Replay, fixture
 
+from eagle3.data.store import dequantize_rows, quantize_rows
+from eagle3.sglang.aux_hook import Writer
 from eagle3.sglang.client import ServerPool
 from eagle3.sglang.handover import STALE_S, HandoverError, HookTransport, remove_stale
 from eagle3.sglang.rows import PartialPrefillError, prefill_body, request_rows
@@ -26,9 +29,9 @@ class HookReplay(Replay):
     """The recorded aux server, handing rows over through `folder` for requests with a rid; a
     prompt longer than `chunk` comes in pieces, as a chunked prefill's forwards write it."""
 
-    def __init__(self, folder: Path, chunk: int = 16, **kw):
+    def __init__(self, folder: Path, chunk: int = 16, dtype: str = "model", **kw):
         super().__init__("aux", **kw)
-        self.folder, self.chunk, self.refuse = folder, chunk, None
+        self.folder, self.chunk, self.refuse, self.dtype = folder, chunk, None, dtype
 
     def answer(self, body: dict) -> dict | None:
         response = super().answer(body)
@@ -45,12 +48,10 @@ class HookReplay(Replay):
         if self.refuse:
             (self.folder / f"{rid}.err").write_text(self.refuse)
             return
-        for lo in range(0, len(rows), self.chunk):
+        writer = Writer(str(self.folder), sync=True, dtype=self.dtype)
+        for lo in range(0, len(rows), self.chunk):  # one chunk a forward
             piece = rows[lo : lo + self.chunk]
-            name = f"{rid}.{start + lo}-{start + lo + len(piece)}.bfloat16"
-            temp = self.folder / f".{name}.tmp"
-            temp.write_bytes(piece.view(torch.uint8).numpy().tobytes())
-            os.replace(temp, self.folder / name)
+            writer.write(piece, None, None, [(rid, 0, start + lo, len(piece))])
 
 
 @pytest.fixture
@@ -130,3 +131,47 @@ def test_a_killed_clients_pieces_are_removed_once_stale(tmp_path):
     os.utime(old, (time.time() - STALE_S - 1, time.time() - STALE_S - 1))
     assert remove_stale(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, other.name])
+
+
+def recorded_rows(n: int) -> torch.Tensor:
+    """The recorded aux rows of request n, as the server's bf16."""
+    response = fixture(f"resp_{n:02d}.json")
+    return torch.tensor(response["meta_info"]["hidden_states"][0], dtype=torch.float32).to(torch.bfloat16)
+
+
+def test_an_fp8_piece_holds_the_stores_quantization_of_the_rows_then_their_scales(tmp_path):
+    rows = torch.cat([recorded_rows(1), torch.zeros(1, WIDTH, dtype=torch.bfloat16)])  # a zero row too
+    writer = Writer(str(tmp_path), sync=True, dtype="float8_e4m3fn")
+    writer.write(rows, None, None, [("e3-x", 0, 0, len(rows))])
+    (piece,) = tmp_path.iterdir()
+    assert piece.name == f"e3-x.0-{len(rows)}.float8_e4m3fn"
+    fp8, scales = quantize_rows(rows)
+    assert piece.read_bytes() == fp8.view(torch.uint8).numpy().tobytes() + scales.numpy().tobytes()
+    assert len(piece.read_bytes()) == len(rows) * (WIDTH + 4)  # about half of bf16's 2 * WIDTH
+
+
+def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound(tmp_path):
+    hook = HookReplay(tmp_path, dtype="float8_e4m3fn")
+    try:
+        pool, transport = ServerPool([hook.url]), HookTransport(tmp_path)
+        for n in (1, 2, 3):  # 3 spans several pieces
+            body = recorded(n)
+            got = transport.request_rows(pool, body, WIDTH, "aux").prefill
+            rows = request_rows(pool, body, WIDTH, "aux").prefill.to(torch.bfloat16)  # the JSON rows
+            fp8, scales = quantize_rows(rows)
+            assert torch.equal(got, fp8.float() * scales[:, None])  # float32, before the store's bf16 cast
+            assert torch.equal(got.to(torch.bfloat16), dequantize_rows(fp8, scales))
+            # e4m3 keeps 3 mantissa bits: half a step is 1/16 of a value; below 2^-6 (x scale) the
+            # subnormal step is 2^-9, half of it 2^-10
+            error = (got - rows.float()).abs()
+            bound = rows.float().abs() / 16 + scales[:, None] / 1024
+            assert bool((error <= bound).all()), float((error - bound).max())
+            assert float(error.max()) > 0  # fp8, not the bf16 rows passed through
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        hook.close()
+
+
+def test_a_hook_dtype_it_cannot_write_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="config dtype 'int8' is none of model, float8_e4m3fn"):
+        Writer(str(tmp_path), sync=True, dtype="int8")

@@ -24,7 +24,13 @@ writes: every TP rank holds the same rows.
 
 config: dir (else $EAGLE3_HANDOVER_DIR), rid_prefix (default "e3-": only requests whose rid starts
 with it are written, so other traffic leaves nothing behind), sync (default false: a writer
-thread; true: written before the forward returns).
+thread; true: written before the forward returns), dtype (default: the model's; "float8_e4m3fn"
+writes each piece as `<rid>.<start>-<end>.float8_e4m3fn`: its n rows as float8_e4m3fn [n, W]
+row-major, then one float32 scale per row [n], native byte order, n * (W + 4) bytes; quantized
+as the feature store's fp8 shards are (eagle3/data/store.py quantize_rows: scale = row amax /
+448, 1 for a zero row; row / scale clamped to +-448, rounded to e4m3), so a piece's bytes equal
+the store's quantization of the same bf16 rows; about half the bytes of bf16 rows, quantized on
+the writer thread).
 """
 
 from __future__ import annotations
@@ -42,6 +48,26 @@ logger = logging.getLogger(__name__)
 DIR_ENV = "EAGLE3_HANDOVER_DIR"
 SAFE_RID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 PENDING_FORWARDS = 8  # forwards' rows held on the host while the writer catches up
+FP8 = "float8_e4m3fn"
+FP8_MAX = 448.0  # the largest float8_e4m3fn value: a row's amax is written as it
+DTYPES = ("model", FP8)  # config "dtype": the model's own (the default), or fp8 rows and row scales
+
+
+def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float8_e4m3fn rows and their float32 scales, element-wise float32 arithmetic: the formula
+    of the feature store's fp8 shards (eagle3/data/store.py quantize_rows; a test holds the two
+    to the same bytes), which a server's Python cannot import without the project's
+    dependencies."""
+    part = rows.float()
+    scale = part.abs().amax(-1) / FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (part / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def fp8_piece(rows: torch.Tensor) -> bytes:
+    """A float8_e4m3fn piece's bytes: the fp8 rows [n, W], then their float32 scales [n]."""
+    fp8, scales = quantize_rows(rows)
+    return fp8.view(torch.uint8).numpy().tobytes() + scales.numpy().tobytes()
 
 
 def server_refusals() -> list[str]:
@@ -86,8 +112,10 @@ def writer_rank() -> int:
 class Writer:
     """Writes each forward's pieces (on a thread of its own unless `sync`)."""
 
-    def __init__(self, folder: str, sync: bool):
-        self.folder, self.sync = folder, sync
+    def __init__(self, folder: str, sync: bool, dtype: str = "model"):
+        if dtype not in DTYPES:
+            raise ValueError(f"eagle3 aux hook: config dtype {dtype!r} is none of {', '.join(DTYPES)}")
+        self.folder, self.sync, self.fp8 = folder, sync, dtype == FP8
         self.jobs: queue.Queue = queue.Queue(maxsize=PENDING_FORWARDS)
         if not sync:
             threading.Thread(target=self._loop, name="eagle3-aux-writer", daemon=True).start()
@@ -127,7 +155,7 @@ class Writer:
     def write(self, rows: torch.Tensor, positions: torch.Tensor | None, event, pieces: list) -> None:
         if event is not None:
             event.synchronize()
-        tag = str(rows.dtype).removeprefix("torch.")
+        tag = FP8 if self.fp8 else str(rows.dtype).removeprefix("torch.")
         as_bytes = rows.view(torch.uint8)  # [T, W * itemsize], no copy
         for rid, offset, start, n in pieces:
             if positions is not None:
@@ -137,7 +165,11 @@ class Writer:
                     self.error(rid, why)
                     continue
             try:
-                self.place(f"{rid}.{start}-{start + n}.{tag}", as_bytes[offset : offset + n].numpy().data)
+                if self.fp8:
+                    payload = fp8_piece(rows[offset : offset + n])
+                else:
+                    payload = as_bytes[offset : offset + n].numpy().data
+                self.place(f"{rid}.{start}-{start + n}.{tag}", payload)
             except OSError as err:  # full or not writable: the client stops with this line
                 self.error(rid, f"cannot write {self.folder}: {err.strerror or err}")
 
@@ -158,7 +190,7 @@ def make_hook(config: dict):
     os.makedirs(folder, exist_ok=True)
     if refusals := server_refusals():
         raise RuntimeError("eagle3 aux hook: " + "; ".join(refusals))
-    writer = Writer(folder, sync=bool(config.get("sync", False)))
+    writer = Writer(folder, sync=bool(config.get("sync", False)), dtype=str(config.get("dtype", "model")))
     prefix = str(config.get("rid_prefix", "e3-"))
     rank: list[int] = []  # resolved on the first call: the process groups exist by then
     warned: set[str] = set()
