@@ -214,16 +214,16 @@ def make_hook(config: dict):
             )
             return None
         aux = output[1]
-        # a list (Llama, Qwen3) is concatenated into fresh storage; a packed tensor (DeepSeek,
-        # Kimi) may be a buffer the next forward reuses, so it is copied
-        fresh = isinstance(aux, (list, tuple))
-        rows = torch.cat(list(aux), dim=-1) if fresh else aux
         rids = list(batch.rids or [])
+        ours = [i for i, rid in enumerate(rids) if rid.startswith(prefix)]
+        fresh = isinstance(aux, (list, tuple))
+        if not ours or (fresh and not aux):  # other traffic costs no copy
+            return None
         lens = [int(n) for n in batch.extend_seq_lens_cpu]
         starts = [int(n) for n in batch.extend_prefix_lens_cpu]
-        ours = [i for i, rid in enumerate(rids) if rid.startswith(prefix)]
-        if len(rids) != len(lens) or sum(lens) != rows.shape[0]:
-            why = f"{rows.shape[0]} rows for extend lengths {lens} of {len(rids)} requests"
+        total = int((aux[0] if fresh else aux).shape[0])
+        if len(rids) != len(lens) or sum(lens) != total:
+            why = f"{total} rows for extend lengths {lens} of {len(rids)} requests"
             for i in ours:
                 if SAFE_RID.match(rids[i]):
                     writer.error(rids[i], why)
@@ -235,6 +235,9 @@ def make_hook(config: dict):
             warn_once("rid", "eagle3 aux hook: a request id is not a safe file name; its rows are skipped")
         if not pieces:
             return None
+        # a list (Llama, Qwen3) is concatenated into fresh storage; a packed tensor (DeepSeek,
+        # Kimi) may be a buffer the next forward reuses, so it is copied
+        rows = torch.cat(list(aux), dim=-1) if fresh else aux
         positions = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
         if rows.is_cuda:  # copied while the GPU goes on; the writer waits for the copy
             host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
