@@ -17,6 +17,7 @@ import torch
 from test_sglang import H, Replay, fixture
 
 from eagle3.data.store import dequantize_rows, quantize_rows
+from eagle3.sglang import aux_hook
 from eagle3.sglang.aux_hook import Writer
 from eagle3.sglang.client import ServerPool
 from eagle3.sglang.handover import STALE_S, HandoverError, HookTransport, remove_stale
@@ -170,6 +171,54 @@ def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound
         assert list(tmp_path.iterdir()) == []
     finally:
         hook.close()
+
+
+def test_the_hooks_fp8_formula_is_the_stores_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    magnitudes = torch.logspace(-30, 30, 64).reshape(64, 1)  # subnormal fp8 steps to huge rows
+    rows = torch.cat([recorded_rows(2), torch.randn(64, WIDTH, generator=gen) * magnitudes]).to(
+        torch.bfloat16
+    )
+    rows[3, :7] = 0  # zeros inside a row
+    rows = torch.cat([rows, torch.zeros(2, WIDTH, dtype=torch.bfloat16)])
+    ours, store = aux_hook.quantize_rows(rows), quantize_rows(rows)
+    assert torch.equal(ours[0].view(torch.uint8), store[0].view(torch.uint8))
+    assert torch.equal(ours[1], store[1])
+
+
+class ForwardBatch:
+    """What the hook reads of SGLang's ForwardBatch (it finds the argument by its type's name)."""
+
+    def __init__(self, rids: list[str], lens: list[int], starts: list[int]):
+        self.forward_mode = type("Mode", (), {"name": "EXTEND"})()
+        self.rids, self.extend_seq_lens_cpu, self.extend_prefix_lens_cpu = rids, lens, starts
+
+
+@pytest.mark.parametrize("dtype", ["model", "float8_e4m3fn"])
+def test_the_hook_writes_its_requests_pieces_of_a_batched_forward_and_nothing_else(tmp_path, dtype):
+    hook = aux_hook.make_hook({"dir": str(tmp_path), "sync": True, "dtype": dtype})
+    layers = [torch.randn(10, H).to(torch.bfloat16) for _ in range(3)]
+    rows = torch.cat(layers, dim=-1)
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1, 2, 3])  # e3-a's second chunk at 4: positions 4, 5
+    batch = ForwardBatch(["other", "e3-a", "e3-b"], [4, 2, 4], [0, 4, 0])
+    assert hook(None, (None, positions, batch), (rows[:, :H], layers)) is None
+    names = sorted(p.name for p in tmp_path.iterdir())
+    tag = "float8_e4m3fn" if dtype != "model" else "bfloat16"
+    assert names == [f"e3-a.4-6.{tag}", f"e3-b.0-4.{tag}"]
+    if dtype == "model":
+        assert (tmp_path / names[0]).read_bytes() == rows[4:6].view(torch.uint8).numpy().tobytes()
+    else:
+        fp8, scales = quantize_rows(rows[6:10])  # the store's quantization of e3-b's rows
+        assert (tmp_path / names[1]).read_bytes() == fp8.view(
+            torch.uint8
+        ).numpy().tobytes() + scales.numpy().tobytes()
+    # a forward of other traffic only writes nothing
+    hook(
+        None,
+        (None, positions[:4], ForwardBatch(["other"], [4], [0])),
+        (rows[:4, :H], [x[:4] for x in layers]),
+    )
+    assert len(list(tmp_path.iterdir())) == 2
 
 
 def test_a_hook_dtype_it_cannot_write_is_refused_by_name(tmp_path):

@@ -29,8 +29,8 @@ writes each piece as `<rid>.<start>-<end>.float8_e4m3fn`: its n rows as float8_e
 row-major, then one float32 scale per row [n], native byte order, n * (W + 4) bytes; quantized
 as the feature store's fp8 shards are (eagle3/data/store.py quantize_rows: scale = row amax /
 448, 1 for a zero row; row / scale clamped to +-448, rounded to e4m3), so a piece's bytes equal
-the store's quantization of the same bf16 rows; about half the bytes of bf16 rows, quantized on
-the writer thread).
+the store's quantization of the same bf16 rows; about half the bytes of bf16 rows, quantized in
+the forward's thread on its device, so a GPU copies half the bytes to the host).
 """
 
 from __future__ import annotations
@@ -54,20 +54,14 @@ DTYPES = ("model", FP8)  # config "dtype": the model's own (the default), or fp8
 
 
 def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8_e4m3fn rows and their float32 scales, element-wise float32 arithmetic: the formula
-    of the feature store's fp8 shards (eagle3/data/store.py quantize_rows; a test holds the two
-    to the same bytes), which a server's Python cannot import without the project's
-    dependencies."""
-    part = rows.float()
-    scale = part.abs().amax(-1) / FP8_MAX
+    """float8_e4m3fn rows and their float32 scales: the formula of the feature store's fp8 shards
+    (eagle3/data/store.py quantize_rows, which a server's Python cannot import without the
+    project's dependencies; a test holds the two to the same bytes) in fewer passes: a row's
+    amax taken in its own dtype and the division promoted to float32 are exact, the same bits."""
+    scale = rows.abs().amax(-1).float() / FP8_MAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (part / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
-
-
-def fp8_piece(rows: torch.Tensor) -> bytes:
-    """A float8_e4m3fn piece's bytes: the fp8 rows [n, W], then their float32 scales [n]."""
-    fp8, scales = quantize_rows(rows)
-    return fp8.view(torch.uint8).numpy().tobytes() + scales.numpy().tobytes()
+    scaled = rows / scale[:, None]  # float32
+    return scaled.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
 def server_refusals() -> list[str]:
@@ -152,9 +146,16 @@ class Writer:
         except OSError:
             logger.exception(f"eagle3 aux hook: cannot even report {rid}'s failure")
 
-    def write(self, rows: torch.Tensor, positions: torch.Tensor | None, event, pieces: list) -> None:
+    def write(
+        self, rows: torch.Tensor, positions: torch.Tensor | None, event, pieces: list, scales=None
+    ) -> None:
+        """Write each piece (rid, offset, start, n) of `rows`: the model's rows, or with fp8 the
+        rows quantized already (`scales` given: the hook quantizes on the forward's device and
+        threads) or not yet (quantized here)."""
         if event is not None:
             event.synchronize()
+        if self.fp8 and scales is None:
+            rows, scales = quantize_rows(rows)
         tag = FP8 if self.fp8 else str(rows.dtype).removeprefix("torch.")
         as_bytes = rows.view(torch.uint8)  # [T, W * itemsize], no copy
         for rid, offset, start, n in pieces:
@@ -165,8 +166,9 @@ class Writer:
                     self.error(rid, why)
                     continue
             try:
-                if self.fp8:
-                    payload = fp8_piece(rows[offset : offset + n])
+                if self.fp8:  # the fp8 rows, then their float32 scales
+                    fp8 = as_bytes[offset : offset + n].numpy().tobytes()
+                    payload = fp8 + scales[offset : offset + n].numpy().tobytes()
                 else:
                     payload = as_bytes[offset : offset + n].numpy().data
                 self.place(f"{rid}.{start}-{start + n}.{tag}", payload)
@@ -239,16 +241,24 @@ def make_hook(config: dict):
         # Kimi) may be a buffer the next forward reuses, so it is copied
         rows = torch.cat(list(aux), dim=-1) if fresh else aux
         positions = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+        scales = None
+        if writer.fp8:
+            # here, not on the writer thread: on the GPU, and on a CPU with the forward's own
+            # threads (a second thread's torch ops start a second thread team: oversubscribed)
+            rows, scales = quantize_rows(rows)
+            fresh = True
         if rows.is_cuda:  # copied while the GPU goes on; the writer waits for the copy
             host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
             host.copy_(rows, non_blocking=True)
+            if scales is not None:
+                scales = scales.to("cpu", non_blocking=True)
             pos = positions.to("cpu", non_blocking=True) if positions is not None else None
             event = torch.cuda.Event()
             event.record()
         else:
             host = rows.contiguous() if fresh else rows.clone()
             pos, event = (positions.clone() if positions is not None else None), None
-        writer.submit((host, pos, event, pieces))
+        writer.submit((host, pos, event, pieces, scales))
         return None  # the output as it was
 
     return hook
