@@ -57,8 +57,9 @@ def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float8_e4m3fn rows and their float32 scales: the formula of the feature store's fp8 shards
     (eagle3/data/store.py quantize_rows, which a server's Python cannot import without the
     project's dependencies; a test holds the two to the same bytes) in fewer passes: a row's
-    amax taken in its own dtype and the division promoted to float32 are exact, the same bits."""
-    scale = rows.abs().amax(-1).float() / FP8_MAX
+    |x| max as max(max, -min) in its own dtype and the division promoted to float32 are exact,
+    the same bits."""
+    scale = torch.maximum(rows.amax(-1), -rows.amin(-1)).float() / FP8_MAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     scaled = rows / scale[:, None]  # float32
     return scaled.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
