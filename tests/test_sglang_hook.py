@@ -173,7 +173,10 @@ def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound
         hook.close()
 
 
-def test_the_hooks_fp8_formula_is_the_stores_bit_for_bit():
+@pytest.mark.parametrize("rows_at_a_time", [None, 3])
+def test_the_hooks_fp8_formula_is_the_stores_bit_for_bit(monkeypatch, rows_at_a_time):
+    if rows_at_a_time:  # the CPU's chunks: a row's bytes never depend on them
+        monkeypatch.setattr(aux_hook, "QUANTIZE_BYTES", rows_at_a_time * 4 * WIDTH)
     gen = torch.Generator().manual_seed(0)
     magnitudes = torch.logspace(-30, 30, 64).reshape(64, 1)  # subnormal fp8 steps to huge rows
     rows = torch.cat([recorded_rows(2), torch.randn(64, WIDTH, generator=gen) * magnitudes]).to(
