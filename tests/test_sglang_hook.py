@@ -162,6 +162,10 @@ def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound
             fp8, scales = quantize_rows(rows)
             assert torch.equal(got, fp8.float() * scales[:, None])  # float32, before the store's bf16 cast
             assert torch.equal(got.to(torch.bfloat16), dequantize_rows(fp8, scales))
+            # an fp8 store of these rows (bf16, as extraction keeps them) holds the same bytes
+            again, again_scales = quantize_rows(got.to(torch.bfloat16))
+            assert torch.equal(again.view(torch.uint8), fp8.view(torch.uint8))
+            assert torch.equal(again_scales, scales)
             # e4m3 keeps 3 mantissa bits: half a step is 1/16 of a value; below 2^-6 (x scale) the
             # subnormal step is 2^-9, half of it 2^-10
             error = (got - rows.float()).abs()
