@@ -35,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -157,7 +158,7 @@ def hook_specs(handover: Path) -> str:
 
 
 def launch(
-    model: str, aux_ids: list[int], handover: Path, log: Path, tokens: int
+    model: str, aux_ids: list[int], handover: Path, log: Path, tokens: int, threads: int
 ) -> tuple[subprocess.Popen, str]:
     """The aux-mode CPU server (tests/test_sglang_live.py's launch) with both hooks; the radix
     cache off (the same prompt again must be computed again) and one chunk a prompt."""
@@ -186,27 +187,32 @@ def launch(
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env |= {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join([str(STAND_IN), str(REPO)])}
+    # the forward on `threads` threads: on a loaded machine a second OpenMP thread spins while
+    # the first waits for a core, and the forward's CPU time varies by seconds, burying the
+    # transport's (the transport's own steps run on one thread either way)
+    env |= {"OMP_NUM_THREADS": str(threads)}
     with open(log, "wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
-    while time.monotonic() - started < 900:
-        if process.poll() is not None:
-            raise RuntimeError(f"SGLang exited with {process.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(f"{url}/get_server_info", timeout=5) as response:
-                if response.status == 200:
-                    print(
-                        f"# server up in {time.monotonic() - started:.0f} s at {url} (pid {process.pid})",
-                        flush=True,
-                    )
-                    return process, url
-        except OSError:
-            time.sleep(2)
-    stop_group(process)
-    raise RuntimeError(f"SGLang did not answer within 900 s; see {log}")
+    try:
+        while time.monotonic() - started < 900:
+            if process.poll() is not None:
+                raise RuntimeError(f"SGLang exited with {process.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(f"{url}/get_server_info", timeout=5) as response:
+                    if response.status == 200:
+                        up = time.monotonic() - started
+                        print(f"# server up in {up:.0f} s at {url} (pid {process.pid})", flush=True)
+                        return process, url
+            except OSError:
+                time.sleep(2)
+        raise RuntimeError(f"SGLang did not answer within 900 s; see {log}")
+    except BaseException:
+        stop_group(process)
+        raise
 
 
 # --- CPU time from /proc -------------------------------------------------------------------
@@ -527,6 +533,7 @@ def main() -> None:
     parser.add_argument("--e2e-samples", type=int, default=24)
     parser.add_argument("--e2e-reps", type=int, default=3)
     parser.add_argument("--e2e-in-flight", type=int, default=4)
+    parser.add_argument("--server-threads", type=int, default=1, help="the server's OMP_NUM_THREADS")
     parser.add_argument("--url", help="a running server of the width given (one) instead of launching one")
     parser.add_argument("--server-pid", type=int, help="with --url: the server's launcher pid (its CPU time)")
     parser.add_argument(
@@ -534,12 +541,14 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # servers stopped on the way out
     if args.url and (len(args.widths) != 1 or not args.server_pid):
         parser.error("--url needs one --widths and --server-pid")
     results: dict = {
         "machine": machine(),
         "load_average_at_start": os.getloadavg(),
         "command": " ".join(sys.argv),
+        "server_threads": args.server_threads,
         "commit": subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
@@ -565,6 +574,7 @@ def main() -> None:
                 args.handover,
                 Path(f"/tmp/transport-bench-{os.getpid()}-{width_name}.log"),
                 tokens,
+                args.server_threads,
             )
             pid = process.pid
         try:
