@@ -500,37 +500,53 @@ def end_to_end(url: str, handover: Path, samples: int, reps: int, in_flight: int
 # --- the table -------------------------------------------------------------------------------
 
 
+def by_role(by_process: dict[str, float], launcher: str) -> str:
+    """tokenizer manager (the launcher: HTTP, msgpack in, orjson out) / scheduler / detokenizer."""
+    roles = [launcher, "sglang::schedul", "sglang::detoken"]
+    return " / ".join(f"{sum(v for k, v in by_process.items() if k.startswith(role)):,.0f}" for role in roles)
+
+
 def table(results: dict) -> str:
     lines = [
-        "| width | mode | bytes/token | x raw bf16 | server CPU us/token (total) | transport server "
-        "CPU us/token (min-max) | client CPU us/token | ceiling tokens/s (one core) | ceiling (busiest "
-        "process) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| width | mode | bytes/token | x raw bf16 | transport server CPU us/token: trimmed mean (min to "
+        "max) | of it: tokenizer mgr / scheduler / detokenizer | hook code alone us/token | client CPU "
+        "us/token | ceiling tokens/s: 1 / transport | 1 / hook code alone |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for width_name, res in results["widths"].items():
         raw = res["raw_bf16_bytes_per_token"]
+        # the tree's first process is the launcher (ServerCPU)
+        launcher = next(iter(res["modes"]["base"]["transport_server_cpu_us_per_token_by_process"]))
         for mode, m in res["modes"].items():
+            if mode == "base":
+                lines.append(
+                    f"| {width_name} (W={res['width']}) | base (no rows: the forward alone, "
+                    f"{m['server_cpu_us_per_token']:,.0f} us/token) | {m['bytes_per_token']:,.0f} | "
+                    f"{m['bytes_per_token'] / raw:.3f} | 0 | | | {m['client_cpu_us_per_token']:,.1f} | | |"
+                )
+                continue
             lo, hi = m["transport_server_cpu_us_per_token_range"]
-            ceiling = (
-                f"{m['ceiling_tokens_per_s']:,.0f}" if m["ceiling_tokens_per_s"] and mode != "base" else "-"
-            )
-            busiest = m["ceiling_busiest_process_tokens_per_s"]
-            busiest = f"{busiest:,.0f}" if busiest and mode != "base" else "-"
+            ceiling = m["ceiling_tokens_per_s"]
+            ceiling = f"{ceiling:,.0f}" if ceiling else "below resolution"
+            alone = m.get("hook_alone_cpu_us_per_token")
             lines.append(
                 f"| {width_name} (W={res['width']}) | {mode} | {m['bytes_per_token']:,.0f} | "
-                f"{m['bytes_per_token'] / raw:.3f} | {m['server_cpu_us_per_token']:,.1f} | "
-                f"{m['transport_server_cpu_us_per_token']:,.1f} ({lo:,.1f} to {hi:,.1f}) | "
-                f"{m['client_cpu_us_per_token']:,.1f} | {ceiling} | {busiest} |"
+                f"{m['bytes_per_token'] / raw:.3f} | "
+                f"{m['transport_server_cpu_us_per_token']:,.1f} ({lo:,.0f} to {hi:,.0f}) | "
+                f"{by_role(m['transport_server_cpu_us_per_token_by_process'], launcher)} | "
+                f"{f'{alone:,.1f}' if alone else '-'} | {m['client_cpu_us_per_token']:,.1f} | {ceiling} | "
+                f"{f'{1e6 / alone:,.0f}' if alone else '-'} |"
             )
     if e2e := results.get("end_to_end"):
         lines += [
             "",
-            "| SmolLM2 extraction | tokens | tokens/s | client CPU us/token |",
-            "| --- | ---: | ---: | ---: |",
+            "| SmolLM2 extraction | samples | tokens | tokens/s (wall) | client CPU us/token |",
+            "| --- | ---: | ---: | ---: | ---: |",
         ]
         for name, r in e2e.items():
             lines.append(
-                f"| {name} | {r['tokens']} | {r['tokens_per_s']:,.1f} | {r['client_cpu_us_per_token']:,.1f} |"
+                f"| {name} | {r['samples']} | {r['tokens']} | {r['tokens_per_s']:,.1f} | "
+                f"{r['client_cpu_us_per_token']:,.1f} |"
             )
     return "\n".join(lines)
 
