@@ -11,12 +11,16 @@ fresh random order every repeat:
   - json: return_hidden_states (eagle3/sglang/rows.py, the reply parsed as extraction does)
   - hook-bf16, hook-fp8: eagle3/sglang/handover.py HookTransport, the rows from the files
 Per mode and token: bytes moved (the reply; plus the files for the hook), server CPU (utime +
-stime of the server's whole process tree from /proc, before and after: robust to other load on
-the machine) minus the same repeat's base request (the transport alone: the forward is
-subtracted), client CPU (this process, around the request and the parse). Medians over repeats.
-The transport's ceiling = 1 / its server CPU per token: the most tokens/s one server's
-transport can carry if one core did nothing else; "busiest" uses the one server process that
-spends the most on it (the scheduler, detokenizer and tokenizer manager run side by side).
+stime of each process of the server's tree from /proc, before and after: robust to other load
+on the machine) minus the same repeat's base request (the transport alone: the forward is
+subtracted; a trimmed mean over repeats, as /proc counts 10 ms ticks), client CPU (this process,
+around the request and the parse; median). The server runs its forward on one OpenMP thread
+(--server-threads): on a loaded machine two threads spin on each other and the forward's CPU
+time varies by seconds. The transport's ceiling = 1 / its server CPU per token: the most
+tokens/s one server's transport can carry if one core did nothing else. The hook's server-side
+cost is below what the subtraction resolves, so its code is also timed alone, on one thread:
+the hook callable of eagle3/sglang/aux_hook.py (cat, copy, fp8 quantization, the file write)
+on a forward's rows of the same size, without a forward around it ("hook code alone").
 
 Widths: smollm2 (SmolLM2-135M-Instruct, the packaged target, hidden 576) and kimi (hidden 7168,
 Kimi-K2.5's: a random-weight Llama-architecture folder built at --kimi-folder if missing, 4
