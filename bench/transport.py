@@ -20,7 +20,9 @@ time varies by seconds. The transport's ceiling = 1 / its server CPU per token: 
 tokens/s one server's transport can carry if one core did nothing else. The hook's server-side
 cost is below what the subtraction resolves, so its code is also timed alone, on one thread:
 the hook callable of eagle3/sglang/aux_hook.py (cat, copy, fp8 quantization, the file write)
-on a forward's rows of the same size, without a forward around it ("hook code alone").
+on a forward's rows of the same size, without a forward around it ("hook code alone"). Before
+the repeats, one request per hook asks for both transports and checks its rows against the
+same forward's JSON rows: bf16 the same bits, fp8 the feature store's quantization of them.
 
 Widths: smollm2 (SmolLM2-135M-Instruct, the packaged target, hidden 576) and kimi (hidden 7168,
 Kimi-K2.5's: a random-weight Llama-architecture folder built at --kimi-folder if missing, 4
@@ -334,11 +336,37 @@ def prompt_ids(tokens: int) -> list[int]:
     return ids[:tokens]
 
 
+def check_rows(pool: CountingPool, url: str, ids: list[int], width: int, hooks: dict) -> dict:
+    """Each hook's rows against the JSON rows of the same forward (one request asking for both):
+    bf16 the same bits, fp8 the store's quantization of them (eagle3/data/store.py)."""
+    from eagle3.data.store import quantize_rows
+    from eagle3.sglang.rows import parse_rows
+
+    checks = {}
+    for mode, hook in hooks.items():
+        rid = hook.new_rid()
+        try:
+            response = pool.generate(url, prefill_body(ids) | {"rid": rid})
+            got = hook.collect(rid, len(ids), width, url, "aux")
+        finally:
+            hook.discard(rid)
+        want = parse_rows(response, len(ids), width, "aux", url).prefill
+        if mode == "hook-bf16":
+            same = torch.equal(got, want)
+        else:
+            fp8, scales = quantize_rows(want.to(torch.bfloat16))
+            same = torch.equal(got, fp8.float() * scales[:, None])
+        checks[mode] = "equal" if same else "DIFFERENT"
+    print(f"#   the hooks' rows against the same forward's JSON rows: {checks}", flush=True)
+    return checks
+
+
 def measure(url: str, server_pid: int, width: int, ids: list[int], reps: int, handover: Path) -> dict:
     pool, cpu = CountingPool([url]), ServerCPU(server_pid)
     hooks = {mode: CountingHook(handover, mode) for mode in HOOK_PREFIX}
     for mode in MODES:  # warm-up: first-call costs out of the figures
         one_request(mode, pool, url, ids[:64], width, hooks)
+    checks = check_rows(pool, url, ids, width, hooks)
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     order = random.Random(0)
     for rep in range(reps):
@@ -356,7 +384,7 @@ def measure(url: str, server_pid: int, width: int, ids: list[int], reps: int, ha
             f"{m} {runs[m][-1]['server_cpu_s']:.2f}/{runs[m][-1]['client_cpu_s']:.2f}" for m in MODES
         )
         print(f"#   rep {rep + 1}/{reps} server/client CPU s: {line}", flush=True)
-    return summarize(runs, len(ids), width)
+    return summarize(runs, len(ids), width) | {"rows_check": checks}
 
 
 def trimmed_mean(values: list[float]) -> float:
