@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle3.core.device import machine, native_bf16, resolve_dtype  # noqa: E402
 from eagle3.core.params import TargetParams, TrainParams, default_aux_layers  # noqa: E402
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eagle3.drafter.cost import draft_step_flops, precision_of, training_memory  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
-from eagle3.train.prepare import estimate_peak_gib  # noqa: E402
-from eagle3.train.ttt import TTTModel, flops_per_token_step  # noqa: E402
+from eagle3.train.ttt import TTTModel  # noqa: E402
 from eagle3.verifier.load import load_target_config  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -138,7 +138,7 @@ def train_rate(
         "tokens_per_s": b * t / seconds,
         "step_s": seconds,
         "matmul_flops_per_s": flops / seconds,
-        "flops_per_token_step_upper": flops_per_token_step(drafter),
+        "flops_per_token_step_upper": draft_step_flops(drafter.cfg)["draft_step"],
     }
 
 
@@ -237,10 +237,12 @@ def main() -> None:
         if child.returncode:
             sys.exit(f"the peak-memory run of K={k:,} failed:\n{child.stderr[-3000:]}")
         peak = json.loads(child.stdout.strip().splitlines()[-1])["peak_bytes"] / 2**30
-        est = estimate_peak_gib(
+        est = training_memory(  # the train stage's figure: it also holds the target's lm_head
             drafter_config(k, args.target),
             TrainParams(batch_size=args.batch, seq_len=args.seq, ttt_length=args.ttt),
-        )
+            1,
+            precision_of(compute),
+        )["total_ddp"]
         ratio = rates[k]["tokens_per_s"] / rates[args.vocab_grid[0]]["tokens_per_s"]
         print(
             f"  K={k:>7,}: {rates[k]['tokens_per_s']:8,.0f} tok/s ({ratio:.2f}x K={args.vocab_grid[0]:,}), "

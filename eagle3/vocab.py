@@ -28,6 +28,12 @@ MAPPING = "mapping.safetensors"
 META = "vocab.json"
 
 
+def draft_size(requested: int, vocab_size: int) -> int:
+    """The draft vocabulary a `vocab.size` of `requested` gives a target of `vocab_size` tokens:
+    a size at or above the target's vocabulary is the whole vocabulary (the identity mapping)."""
+    return min(requested, vocab_size)
+
+
 def draft_to_target_ids(d2t: torch.Tensor) -> torch.Tensor:
     """Target id of every draft slot: target = draft + d2t[draft] (SGLang's d2t convention)."""
     return torch.arange(len(d2t), device=d2t.device) + d2t.long()
@@ -81,7 +87,7 @@ def frequency_order(counts: np.ndarray) -> np.ndarray:
 
 def build_vocab_map(counts: np.ndarray, size: int) -> VocabMap:
     vocab_size = len(counts)
-    k = min(size, vocab_size)
+    k = draft_size(size, vocab_size)
     chosen = np.sort(frequency_order(counts)[:k])
     d2t = torch.from_numpy(chosen - np.arange(k)).to(torch.int64)
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
@@ -108,7 +114,7 @@ def coverage_curve(counts: np.ndarray, sizes: list[int]) -> list[tuple[int, floa
     """Coverage at each K of `sizes` (capped at V, V itself added), from one sort of the counts."""
     total = counts.sum()
     cumulative = np.cumsum(np.sort(counts)[::-1])
-    grid = sorted({min(k, len(counts)) for k in sizes} | {len(counts)})
+    grid = sorted({draft_size(k, len(counts)) for k in sizes} | {len(counts)})
     return [(k, float(cumulative[k - 1] / total) if total else 0.0) for k in grid]
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from eagle3.backends import backend_for, require_engine
 from eagle3.core.device import machine
-from eagle3.core.stageio import read_json, write_metrics
+from eagle3.core.stage_commit import staged_outputs
+from eagle3.core.stageio import metrics_path, read_json, write_json
 from eagle3.core.tracking import pipeline_run
+from eagle3.data.store import work_folder
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/extract")
@@ -18,7 +20,9 @@ REPORT = Path("artifacts/patch-check/report.json")
 
 def main() -> None:
     params = validated_params()
-    with reported_failures("extract"):
+    # staged_outputs: all outputs replaced together at the end, none when the stage fails;
+    # the new store is the completed work folder (eagle3/data/store.py), adopted by the commit
+    with reported_failures("extract"), staged_outputs("extract") as staged:
         if not REPORT.exists():
             raise FileNotFoundError(f"{REPORT} is missing: run the patch-check stage first")
         fingerprint = read_json(REPORT)["fingerprint"]
@@ -31,7 +35,8 @@ def main() -> None:
         require_engine(backend, fingerprint, str(REPORT))
         started = time.perf_counter()
         stats: dict = {}
-        manifest, dtype = backend.extract(params, fingerprint, OUT, stats=stats)
+        manifest, dtype = backend.extract(params, fingerprint, OUT, stats=stats, publish=False)
+        staged.adopt(OUT, work_folder(OUT))
         seconds = time.perf_counter() - started
         metrics = {
             "num_samples": manifest["num_samples"],
@@ -43,7 +48,7 @@ def main() -> None:
         # the rate of what this run computed: resumed shards cost nothing and would inflate it
         if stats.get("computed_tokens"):
             metrics["extract_tokens_per_s"] = round(stats["computed_tokens"] / stats["computed_seconds"], 1)
-        write_metrics("extract", metrics)
+        write_json(staged.path(metrics_path("extract")), metrics)
         with pipeline_run(params, "extract") as run:
             run.log_metrics(metrics)
             tags = {"extract.dtype": metrics["dtype"], "extract.machine": machine()}

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3.backends import backend_for
-from eagle3.core.stageio import write_json, write_metrics
+from eagle3.core.stage_commit import staged_outputs
+from eagle3.core.stageio import metrics_path, write_json
 from eagle3.core.tracking import pipeline_run
 from stages.common import console, reported_failures, validated_params
 
@@ -19,16 +20,17 @@ OUT = Path("artifacts/patch-check")
 
 def main() -> None:
     params = validated_params()
-    with reported_failures("patch-check"):
+    # staged_outputs: all outputs replaced together at the end, none when the stage fails
+    with reported_failures("patch-check"), staged_outputs("patch-check") as staged:
         report = backend_for(params.extract.backend).patch_check(params)
-        write_json(OUT / "report.json", report)
+        write_json(staged.path(OUT / "report.json"), report)
         fp = report["fingerprint"]
         metrics = {
             "patch_check_passed": True,
             "num_layers": fp["num_layers"],
             "hidden_size": fp["hidden_size"],
         }
-        write_metrics("patch-check", metrics)
+        write_json(staged.path(metrics_path("patch-check")), metrics)
         with pipeline_run(params, "patch-check") as run:
             run.log_metrics(metrics)
     console.print(f"patch-check passed: aux layers {fp['aux_layers']}, {fp['engine']} {fp['engine_version']}")

@@ -11,7 +11,8 @@ from rich.progress import Progress
 
 from eagle3.backends import backend_for
 from eagle3.core.params import Params
-from eagle3.core.stageio import write_json, write_metrics
+from eagle3.core.stage_commit import StagedOutputs, staged_outputs
+from eagle3.core.stageio import metrics_path, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.decoding.evaluate import EvalOutcome, unexplained
 from eagle3.decoding.prompts import load_prompts
@@ -26,7 +27,8 @@ PLOT_CSV, PLOT_PNG = Path("plots/acceptance.csv"), Path("plots/acceptance.png")
 def main() -> None:
     params = validated_params()
     ev = params.eval
-    with reported_failures("speculative-eval"):
+    # staged_outputs: all outputs replaced together at the end, none when the stage fails
+    with reported_failures("speculative-eval"), staged_outputs("speculative-eval") as staged:
         # Everything checkable without the model first: bad input fails in milliseconds.
         prompts = load_prompts(ev.prompts_file, ev.num_prompts, ev.categories)
         drafter_dir = eval_drafter(params)  # refuses eval.k past the drafter's trained TTT length
@@ -34,23 +36,25 @@ def main() -> None:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"speculative-eval ({ev.backend})", total=len(prompts))
             outcome = evaluate(params, prompts, drafter_dir, lambda _: progress.advance(task))
-        publish(params, outcome)
+        publish(params, outcome, staged)
         for line in outcome.report:
             console.print(line)
         if bad := unexplained(outcome.rows, *outcome.compared):
             raise RuntimeError(f"{outcome.engine} output is not lossless:\n  " + "\n  ".join(bad))
 
 
-def publish(params: Params, outcome: EvalOutcome) -> None:
-    """Results, plot and metrics, then the MLflow run."""
-    write_json(OUT / "results.json", {"prompts": outcome.rows})
-    write_acceptance_plot(outcome.metrics["per_position_acceptance"], PLOT_CSV, PLOT_PNG)
-    write_metrics("speculative-eval", outcome.metrics)
+def publish(params: Params, outcome: EvalOutcome, staged: StagedOutputs) -> None:
+    """Results, plot and metrics (staged: in place once the stage succeeds), then the MLflow run
+    (which keeps them for a run refused as not lossless)."""
+    results, png = staged.path(OUT / "results.json"), staged.path(PLOT_PNG)
+    write_json(results, {"prompts": outcome.rows})
+    write_acceptance_plot(outcome.metrics["per_position_acceptance"], staged.path(PLOT_CSV), png)
+    write_json(staged.path(metrics_path("speculative-eval")), outcome.metrics)
     with pipeline_run(params, "speculative-eval") as mlrun:
         mlrun.log_metrics(outcome.metrics)
         mlrun.set_tags(outcome.tags)
-        mlrun.log_artifact(PLOT_PNG, "plots")
-        mlrun.log_artifact(OUT / "results.json", "speculative-eval")
+        mlrun.log_artifact(png, "plots")
+        mlrun.log_artifact(results, "speculative-eval")
 
 
 if __name__ == "__main__":

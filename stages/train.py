@@ -13,7 +13,8 @@ from pathlib import Path
 from eagle3.backends import backend_of
 from eagle3.core.params import Params
 from eagle3.core.resolved_dtypes import pinned
-from eagle3.core.stageio import write_metrics
+from eagle3.core.stage_commit import staged_outputs
+from eagle3.core.stageio import metrics_path, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.drafter.export import export_drafter
 from eagle3.train.distributed import (
@@ -62,16 +63,17 @@ def main() -> None:
         if not is_main_process():
             train_drafter(p, inputs, CHECKPOINTS, online=online)
             return
-        with pipeline_run(params, "train") as run:
+        # staged_outputs: all outputs replaced together at the end, none when the stage fails
+        with staged_outputs("train") as staged, pipeline_run(params, "train") as run:
             log = RunLogger(run)
             outcome = train_drafter(
                 p, inputs, CHECKPOINTS, on_step=log.on_step, on_epoch=log.on_epoch, online=online
             )
-            export_drafter(outcome.drafter, OUT, ttt_length=p.ttt_length)
+            export_drafter(outcome.drafter, staged.path(OUT), ttt_length=p.ttt_length)
             metrics = stage_metrics(outcome)
-            write_metrics("train", metrics)
-            write_plots(outcome, Path("plots"))
-            log.finish(metrics, outcome.metrics["dtype"], OUT / "config.json")
+            write_json(staged.path(metrics_path("train")), metrics)
+            write_plots(outcome, staged.path("plots"))
+            log.finish(metrics, outcome.metrics["dtype"], staged.path(OUT) / "config.json")
     console.print(summary_line(metrics, OUT))
 
 

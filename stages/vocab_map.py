@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from eagle3.core.stageio import write_csv, write_metrics
+from eagle3.core.stage_commit import staged_outputs
+from eagle3.core.stageio import metrics_path, write_csv, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
@@ -19,7 +20,8 @@ OUT = Path("artifacts/vocab-map")
 
 def main() -> None:
     params = validated_params()
-    with reported_failures("vocab-map"):
+    # staged_outputs: all outputs replaced together at the end, none when the stage fails
+    with reported_failures("vocab-map"), staged_outputs("vocab-map") as staged:
         store = FeatureStore(FEATURES)  # refuses an edited manifest
         tokens = store.tokens()  # refuses a token file that differs from the manifest
         fp = store.fingerprint
@@ -55,10 +57,11 @@ def main() -> None:
         }
         if init is not None:  # train refuses a mapping adopted from another version of the folder
             meta |= {"init": init.folder, "init_sha256": init.sha256}
-        save_vocab_map(vocab, OUT, meta)
+        save_vocab_map(vocab, staged.path(OUT), meta)
         curve = coverage_curve(counts, params.vocab.coverage_grid + [vocab.draft_size])
-        write_csv(Path("plots/coverage.csv"), ["draft_vocab_size", "coverage"], [list(p) for p in curve])
-        write_metrics("vocab-map", metrics)
+        rows = [list(p) for p in curve]
+        write_csv(staged.path("plots/coverage.csv"), ["draft_vocab_size", "coverage"], rows)
+        write_json(staged.path(metrics_path("vocab-map")), metrics)
         with pipeline_run(params, "vocab-map") as run:
             run.log_metrics(metrics)
     if vocab.unseen_filled:

@@ -25,6 +25,7 @@ SHAREGPT_SAMPLE = Path(__file__).parent / "fixtures" / "sharegpt-48.jsonl"
 SHARED_PROJECT_GROUPS = {
     "test_faults": "faults_stages",
     "test_online": "faults_stages",
+    "test_failed_stages": "faults_stages",
     "test_sglang": "sglang_top_logprobs",
     "test_sglang_online": "sglang_top_logprobs",
     "test_sglang_live": "live_sglang_servers",

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3.cli.command import main, preset_args
+from eagle3.cli.command import main
+from eagle3.cli.commands.preset import preset_args
 from eagle3.core.params import ParamsError, parse_params
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,9 +15,10 @@ from rich.console import Console
 
 from eagle3.cli.command import main
 from eagle3.cli.compare import comparison
-from eagle3.cli.experiments import Experiment, ExperimentsError, from_dvc_json, select, stale_stages
 from eagle3.cli.queue_workers import WORKER_PID_DIR
-from eagle3.cli.report import verdict, write_report
+from eagle3.sweep.decide import verdict
+from eagle3.sweep.experiments import Experiment, ExperimentsError, from_dvc_json, select, stale_stages
+from eagle3.sweep.render import write_report
 
 ZEN3 = "AMD EPYC, 2 cores, no native bf16, torch 2.13.0+cpu, 2 threads"
 FP32 = {"extract": "float32", "train": "float32", "eval": "float32", "drafter": "bfloat16"}

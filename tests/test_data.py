@@ -144,8 +144,10 @@ def test_interrupted_extraction_resumes_to_identical_files(smollm2, fp, uninterr
     partial = extract_features(smollm2, params, AUX, fp, out, stop_after_shards=2)
     assert partial == {"interrupted_after": 2}
     # until the run completes, shards and journal are in the work folder, outside the DVC out
-    assert (work / JOURNAL).exists() and not any(out.iterdir())
-    # one shard already in the out, as a kill while a finished run moves them there leaves it
+    assert (work / JOURNAL).exists() and not out.exists()
+    # one shard in the out, as a run killed while it moved shards there (before the store was
+    # published whole) left it: vouched for by the journal, it is kept
+    out.mkdir()
     (work / "shard-00001.safetensors").rename(out / "shard-00001.safetensors")
     first = [(work / "shard-00000.safetensors").stat(), (out / "shard-00001.safetensors").stat()]
     extract_features(smollm2, params, AUX, fp, out)
@@ -157,6 +159,16 @@ def test_interrupted_extraction_resumes_to_identical_files(smollm2, fp, uninterr
     assert names == sorted(p.name for p in out.iterdir())
     for name in names:
         assert (out / name).read_bytes() == (uninterrupted / name).read_bytes(), name
+
+
+def test_a_run_that_stops_midway_leaves_the_last_store_as_it_was(smollm2, fp, uninterrupted, tmp_path):
+    """The out is replaced only by a complete store: a failure or a kill midway (another config
+    here, stopped after one shard) leaves every file of the last one, byte for byte."""
+    out = Path(shutil.copytree(uninterrupted, tmp_path / "store"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert extract_features(smollm2, tiny_params(seed=4), AUX, fp, out, stop_after_shards=1)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in work_folder(out).iterdir()) == [JOURNAL, "shard-00000.safetensors"]
 
 
 def test_resume_recomputes_a_damaged_shard_and_ignores_another_config(smollm2, fp, uninterrupted, tmp_path):

@@ -16,7 +16,7 @@ from conftest import SHAREGPT_SAMPLE
 from project_copy import copy_code
 from test_compare import render
 
-from eagle3.cli.experiments import dvc_experiments
+from eagle3.sweep.experiments import dvc_experiments
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {

@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from eagle3.cli.command import main
-from eagle3.cli.experiments import Experiment
-from eagle3.cli.plan import plan, read_target_config
-from eagle3.cli.report import Paired, PlanTarget, plan_columns, verdict, write_report
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, parse_params
 from eagle3.decoding.engine import Generation
+from eagle3.sweep.costs import PlanTarget, plan_columns
+from eagle3.sweep.decide import verdict
+from eagle3.sweep.experiments import Experiment
+from eagle3.sweep.paired import Paired
+from eagle3.sweep.plan import plan, read_target_config
+from eagle3.sweep.render import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # bench/ is no installed package: import it as `python -m bench.x` does

@@ -445,8 +445,8 @@ def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_
 
 def test_compare_and_report_show_the_eval_backend_per_row():
     from eagle3.cli.compare import comparison
-    from eagle3.cli.experiments import Experiment
-    from eagle3.cli.report import TABLE
+    from eagle3.sweep.experiments import Experiment
+    from eagle3.sweep.render import TABLE
 
     metrics = {"acceptance_length": 1.8, "speedup": 1.1, "tokens_per_s": 2.0}
     rows = [

@@ -27,6 +27,7 @@ from eagle3.core.params import ParamsError, TrainParams, parse_params
 from eagle3.core.stageio import write_json
 from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
 from eagle3.drafter import DrafterConfig, TTTCache, export_drafter, load_drafter
+from eagle3.drafter.cost import precision_of
 from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
 from eagle3.train.argmax import cache_file, target_argmax
 from eagle3.train.checkpoint import trainable_state
@@ -478,6 +479,7 @@ def test_too_large_vocab_is_refused_before_training():
         check_memory(
             DrafterConfig(**{**tiny_cfg().as_dict(), "vocab_size": 262144, "draft_vocab_size": 262144}),
             TrainParams(batch_size=64, seq_len=4096, max_memory_gib=8),
+            precision_of(torch.bfloat16),
         )
 
 
@@ -666,7 +668,7 @@ def test_a_checkpoint_of_other_training_code_is_not_resumed(tmp_path, monkeypatc
 
     before = code_key()
     assert before == training_code_sha256()  # the copy digests as the package itself does
-    with open(tmp_path / "eagle3/cli/report.py", "a") as f:
+    with open(tmp_path / "eagle3/cli/compare.py", "a") as f:
         f.write("# not training code\n")
     assert code_key() == before
     with open(tmp_path / "eagle3/train/ttt.py", "a") as f:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
+from eagle3.drafter.config import DrafterConfig
 from eagle3.vocab import (
     build_vocab_map,
     count_tokens,
     coverage_curve,
     coverage_of,
+    draft_size,
     load_mapping,
     save_vocab_map,
 )
@@ -41,6 +45,16 @@ def test_full_size_is_identity():
         assert vocab.draft_size == 6
         assert (vocab.d2t == 0).all() and vocab.t2d.all()
         assert vocab.coverage() == 1.0
+
+
+def test_one_draft_size_clamp_for_the_mapping_the_drafter_and_the_plan():
+    """vocab.size above the target's vocabulary is the whole vocabulary, wherever it is read: the
+    mapping vocab-map builds, the drafter config, a warm start's check and the plan's grid."""
+    assert draft_size(8192, 49152) == 8192 and draft_size(300_000, 49152) == 49152
+    assert build_vocab_map(np.arange(6), 100).draft_size == draft_size(100, 6) == 6
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 500}
+    target = SimpleNamespace(**sizes, max_position_embeddings=64)
+    assert DrafterConfig.from_target_config(target, 10_000, [0, 1, 2]).draft_vocab_size == 500
 
 
 def test_fewer_distinct_tokens_than_k_fills_deterministically():

@@ -1,6 +1,7 @@
-"""The command-line and reporting side: the `eagle3` command (command.py) and what it shows
-(comparison, report, plan, serve commands, the MLflow UI, leftover queue workers). No stage
-imports anything here, so touching it re-runs nothing."""
+"""The command line: the `eagle3` command (command.py lists the subcommands, one file each in
+commands/) and what it prints (the comparison, the plan, serve commands, the MLflow UI,
+leftover queue workers); eagle3/sweep/ computes what they show. No stage imports anything
+here, so touching it re-runs nothing."""
 
 from eagle3.cli.command import main  # the console script's entry point, eagle3.cli:main (pyproject.toml)
 

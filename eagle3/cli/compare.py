@@ -14,7 +14,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from eagle3.cli.experiments import Experiment
+from eagle3.sweep.experiments import Experiment
 
 MISSING = "-"
 

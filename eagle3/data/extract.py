@@ -16,7 +16,6 @@ batch, equal to the store's.
 from __future__ import annotations
 
 import functools
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,10 +33,11 @@ from eagle3.core.stageio import code_sha256, sha256_json
 from eagle3.data.conversations import load_conversations, sample_order
 from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.store import (
+    JOURNAL,
     SCHEMA_VERSION,
     Sample,
     feature_bytes_per_token,
-    finish_shards,
+    publish_store,
     resume_shards,
     work_folder,
     write_journal,
@@ -220,7 +220,7 @@ def extraction_code_sha256() -> str:
 def config_hash(params: Params, fingerprint: dict) -> str:
     """What a shard's journal entry must match to be resumed: params, target and code."""
     # where the servers are and how many requests fly change no byte: a resumed run may use others
-    transport = {key.split('.', 1)[1] for key in TRANSPORT_KEYS if key.startswith('extract.')}
+    transport = {key.split(".", 1)[1] for key in TRANSPORT_KEYS if key.startswith("extract.")}
     extract = params.extract.model_dump(exclude=transport)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
         extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}
@@ -308,7 +308,7 @@ def extract_features(
     **options: int | dict | None,
 ) -> dict:
     """Fill `out_dir` with shards, token file and manifest; resumes an interrupted run of the same
-    config. `options`: run_extraction's `stop_after_shards` and `stats`."""
+    config. `options`: run_extraction's `stop_after_shards`, `stats` and `publish`."""
     chat = has_chat_template(target.source)
     backend = Backend(target.tokenizer, chat, target.hidden_size, hf_group_fn(target, params, aux_layers))
     return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
@@ -334,19 +334,21 @@ def run_extraction(
     out_dir: Path,
     stop_after_shards: int | None = None,
     stats: dict | None = None,
+    publish: bool = True,
 ) -> dict:
     """The backend-independent part: select, cut into shards, resume, write shards and manifest;
     `backend.compute` turns one shard's conversations into samples. `stop_after_shards` ends the
     run early (as an interruption would), for tests. `stats`, when given, gets
     "computed_tokens" and "computed_seconds": the shards this run computed, not those it resumed
-    (the manifest is the same either way)."""
+    (the manifest is the same either way). `publish`: the completed work folder replaces `out_dir`
+    here; the extract stage passes False and commits it with its other outputs."""
     tokenizer, chat, hidden_size = backend.tokenizer, backend.chat, backend.hidden_size
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = work_folder(out_dir)  # shards and journal until the run completes (store.py)
     key = config_hash(params, fingerprint)
     # Bad data fails here, before anything of the last run is removed.
     selected = select_conversations(params, tokenizer, chat)
-    # Intact shards of this config (journal or finished manifest), now in `work`; the rest is cleared.
+    # Intact shards of this config (journal or finished manifest), now in `work`; the out is kept.
     done = resume_shards(out_dir, key)
     per_shard = params.extract.shard_samples
     groups = [selected[i : i + per_shard] for i in range(0, len(selected), per_shard)]
@@ -372,16 +374,16 @@ def run_extraction(
     if stats is not None:
         stats.update(computed_tokens=tokens_done, computed_seconds=time.perf_counter() - started)
     shards = [done[i] for i in range(len(groups))]
-    finish_shards(out_dir, shards)  # the journal still vouches for them, in either folder
 
+    # The new store is completed in the work folder; the last one stays in place until then.
     # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
     ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
     for entry in shards:
-        with safe_open(str(out_dir / entry["file"]), framework="pt") as f:
+        with safe_open(str(work / entry["file"]), framework="pt") as f:
             ids.append(f.get_tensor("input_ids"))
             masks.append(f.get_tensor("loss_mask"))
             offsets.append(f.get_tensor("offsets")[1:] + offsets[-1][-1])
-    write_tokens(out_dir, torch.cat(ids), torch.cat(masks), torch.cat(offsets))
+    write_tokens(work, torch.cat(ids), torch.cat(masks), torch.cat(offsets))
     dtype = params.extract.store_dtype  # float8_e4m3fn: fp8 rows + a float32 scale each (store.py)
     manifest = {
         "schema_version": SCHEMA_VERSION,
@@ -403,6 +405,8 @@ def run_extraction(
         }
     if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
         manifest |= {"features": "online", "bytes_per_token": 4 + 1}
-    manifest = write_manifest(out_dir, manifest, key)  # sealed: tokens sha256, config hash, checksum
-    shutil.rmtree(work)  # the journal, and any temporary file of a killed write
+    manifest = write_manifest(work, manifest, key)  # sealed: tokens sha256, config hash, checksum
+    (work / JOURNAL).unlink()  # the sealed manifest vouches for the shards now
+    if publish:  # else the caller puts the work folder in place (the extract stage's commit)
+        publish_store(out_dir)
     return manifest

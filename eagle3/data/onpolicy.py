@@ -139,40 +139,21 @@ def generate_with_features(
     sequence reaches `max_length` stored tokens. `batch_size` rows at most decode together
     (None: all prompts at once); newcomers prefill in chunks of <= `prefill_tokens` padded tokens.
     """
-    h = target.hidden_size
     lengths = [len(p) for p in prompts]
     if min(lengths) < 1 or max(lengths) > max_length:
         raise ValueError(
             f"prompt lengths must be in 1..max_length ({max_length}), got {min(lengths)}..{max(lengths)}"
         )
     size = batch_size or len(prompts)
-    answers = []
-    for p in prompts:
-        budget = min(max_new_tokens, max_length - len(p) + 1)  # the last answer token is not fed
-        empty_aux, empty_last = torch.empty(0, 3 * h), torch.empty(0, h)
-        aux, last = (
-            torch.empty(budget, 3 * h, dtype=torch.bfloat16),
-            torch.empty(budget, h, dtype=torch.bfloat16),
-        )
-        answers.append(_Answer(np.asarray(p, dtype=np.int32), budget, empty_aux, empty_last, aux, last, []))
+    answers = _empty_answers(prompts, max_new_tokens, max_length, target.hidden_size)
     waiting = list(range(len(prompts)))
-    head = target.model.get_output_embeddings()
     with capture_hidden_states(target.decoder_layers, target.final_norm, aux_layers) as captured:
         batch: _Batch | None = None
         while True:
             live = 0 if batch is None else int((~batch.done).sum())
             if waiting and live <= size // 2:
                 joining, waiting = waiting[: size - live], waiting[size - live :]
-                if batch is not None:
-                    batch.keep((~batch.done).nonzero().flatten())
-                # prefill in chunks of <= prefill_tokens padded tokens: one long prompt must not
-                # pad a whole group of short ones
-                for chunk in _chunks([len(answers[i].prompt) for i in joining], prefill_tokens):
-                    newcomers = _prefill(target, captured, answers, [joining[j] for j in chunk])
-                    if batch is None:
-                        batch = newcomers
-                    else:
-                        batch.extend(newcomers)
+                batch = _refill(target, captured, answers, batch, joining, prefill_tokens)
             tokens = batch.logits.argmax(-1)
             for j, i in enumerate(batch.rows):
                 if batch.done[j]:
@@ -186,31 +167,82 @@ def generate_with_features(
                 if not waiting:
                     break
                 continue
-            # finished rows ride along (their outputs are ignored) until the next refill
-            batch.mask = torch.cat([batch.mask, (~batch.done).long()[:, None]], dim=1)
-            target.model.model(
-                input_ids=tokens[:, None],
-                attention_mask=batch.mask,
-                position_ids=batch.next_pos[:, None],
-                cache=batch.cache,
-                use_cache=True,
-            )
-            aux, last = captured.aux_hidden()[:, 0].to(torch.bfloat16), captured.last[:, 0]
-            for j in live_rows.tolist():
-                answer = answers[batch.rows[j]]
-                answer.aux[answer.fed] = aux[j]
-                answer.last[answer.fed] = last[j].to(torch.bfloat16)
-                answer.fed += 1
-            batch.logits = head(last)
-            batch.next_pos = batch.next_pos + 1
+            _feed(target, captured, answers, batch, tokens, live_rows)
+    return [_result(answer) for answer in answers]
 
-    results = []
-    for answer in answers:
-        n, k = len(answer.prompt), answer.fed
-        tokens = np.concatenate([answer.prompt, np.asarray(answer.tokens[:k], dtype=np.int32)])
-        loss_mask = np.zeros(n + k, dtype=np.uint8)
-        loss_mask[n:] = 1
-        aux = torch.cat([answer.prompt_aux, answer.aux[:k]])
-        last = torch.cat([answer.prompt_last, answer.last[:k]])
-        results.append((Rendered(input_ids=tokens, loss_mask=loss_mask), aux, last))
-    return results
+
+def _empty_answers(
+    prompts: Sequence[np.ndarray], max_new_tokens: int, max_length: int, h: int
+) -> list[_Answer]:
+    """One answer per prompt with room for its budget of fed tokens' features."""
+    answers = []
+    for p in prompts:
+        budget = min(max_new_tokens, max_length - len(p) + 1)  # the last answer token is not fed
+        empty_aux, empty_last = torch.empty(0, 3 * h), torch.empty(0, h)
+        aux, last = (
+            torch.empty(budget, 3 * h, dtype=torch.bfloat16),
+            torch.empty(budget, h, dtype=torch.bfloat16),
+        )
+        answers.append(_Answer(np.asarray(p, dtype=np.int32), budget, empty_aux, empty_last, aux, last, []))
+    return answers
+
+
+def _refill(
+    target: Target,
+    captured: Captured,
+    answers: list[_Answer],
+    batch: _Batch | None,
+    joining: list[int],
+    prefill_tokens: int,
+) -> _Batch:
+    """The batch with its finished rows dropped and the `joining` prompts prefilled into it."""
+    if batch is not None:
+        batch.keep((~batch.done).nonzero().flatten())
+    # prefill in chunks of <= prefill_tokens padded tokens: one long prompt must not pad a whole
+    # group of short ones
+    for chunk in _chunks([len(answers[i].prompt) for i in joining], prefill_tokens):
+        newcomers = _prefill(target, captured, answers, [joining[j] for j in chunk])
+        if batch is None:
+            batch = newcomers
+        else:
+            batch.extend(newcomers)
+    return batch
+
+
+def _feed(
+    target: Target,
+    captured: Captured,
+    answers: list[_Answer],
+    batch: _Batch,
+    tokens: Tensor,
+    live_rows: Tensor,
+) -> None:
+    """One decode step: feed each row's new token, keep the live rows' features, next logits."""
+    # finished rows ride along (their outputs are ignored) until the next refill
+    batch.mask = torch.cat([batch.mask, (~batch.done).long()[:, None]], dim=1)
+    target.model.model(
+        input_ids=tokens[:, None],
+        attention_mask=batch.mask,
+        position_ids=batch.next_pos[:, None],
+        cache=batch.cache,
+        use_cache=True,
+    )
+    aux, last = captured.aux_hidden()[:, 0].to(torch.bfloat16), captured.last[:, 0]
+    for j in live_rows.tolist():
+        answer = answers[batch.rows[j]]
+        answer.aux[answer.fed] = aux[j]
+        answer.last[answer.fed] = last[j].to(torch.bfloat16)
+        answer.fed += 1
+    batch.logits = target.model.get_output_embeddings()(last)
+    batch.next_pos = batch.next_pos + 1
+
+
+def _result(answer: _Answer) -> tuple[Rendered, Tensor, Tensor]:
+    """The prompt and the fed answer tokens (loss on the answer) with their features."""
+    n, k = len(answer.prompt), answer.fed
+    tokens = np.concatenate([answer.prompt, np.asarray(answer.tokens[:k], dtype=np.int32)])
+    loss_mask = np.zeros(n + k, dtype=np.uint8)
+    loss_mask[n:] = 1
+    aux = torch.cat([answer.prompt_aux, answer.aux[:k]])
+    last = torch.cat([answer.prompt_last, answer.last[:k]])
+    return Rendered(input_ids=tokens, loss_mask=loss_mask), aux, last

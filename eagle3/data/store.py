@@ -24,8 +24,12 @@ Layout of `artifacts/extract/`:
 While extraction runs, its shards and `journal.json` (the shards finished so far) live in the
 work folder beside it, `artifacts/extract.partial/`, which DVC does not manage: `dvc exp run`
 checks out the committed store before it runs the stage again, deleting whatever a killed run
-left in the out. When the run completes its shards move into the out (renames), the token file
-and the manifest are written last, and the work folder goes.
+left in the out. The out is not touched until the new store is complete: intact shards of the
+last store are hard-linked into the work folder, not moved, the token file and the sealed manifest
+are written there last, and then the work folder replaces the out (renames: `publish_store`, or
+the extract stage's commit of all its outputs, eagle3/core/stage_commit.py). A run that fails or
+is killed leaves the last store as it was (or, killed between the two renames, no store and a
+complete work folder, which the next run publishes without recomputing a shard).
 
 A shard file appears only once complete (written to a temporary name, then renamed), and its
 sha256 is recorded, so a truncated, corrupted or deleted shard, a damaged token file and an
@@ -40,6 +44,7 @@ import bisect
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,11 +221,11 @@ def _recorded_shards(folder: Path, config_hash: str) -> list[dict]:
 
 def resume_shards(out: Path, config_hash: str) -> dict[int, dict]:
     """The intact shards of an earlier run of the same config, by index, gathered in the work
-    folder under a journal; the out is cleared (its manifest goes: the store is incomplete until
-    the run ends) and so is every shard not vouched for. A shard is vouched for by the work
-    folder's journal or the out's journal or manifest (a finished store being repaired, or a run
-    from before the work folder) and kept only when its bytes still hash to the recorded sha256,
-    so a re-run recomputes only damaged or missing shards."""
+    folder under a journal (every shard not vouched for is removed from it); the out is left as it
+    is until the new store replaces it whole. A shard is vouched for by the work folder's journal
+    or manifest (a completed store not yet published) or the out's journal or manifest (a finished
+    store being repaired, or a run from before the work folder) and kept only when its bytes still
+    hash to the recorded sha256, so a re-run recomputes only damaged or missing shards."""
     work = work_folder(out)
     work.mkdir(parents=True, exist_ok=True)
     found: dict[int, Path] = {}
@@ -237,24 +242,36 @@ def resume_shards(out: Path, config_hash: str) -> dict[int, dict]:
                 break
     # journal first: it vouches for each shard in either folder, so a kill while moving loses none
     write_journal(work, config_hash, [done[i] for i in sorted(done)])
-    for shard in found.values():
-        if shard.parent != work:
-            os.replace(shard, work / shard.name)
     kept = {shard.name for shard in found.values()}
-    for stale in work.glob("shard-*.safetensors"):
-        if stale.name not in kept:
+    for stale in work.iterdir():  # unvouched shards, a completed store's files, killed writes' temps
+        if stale.name not in kept and stale.name != JOURNAL:
             stale.unlink()
-    for stale in out.glob("shard-*.safetensors"):  # the intact ones were moved to the work folder
-        stale.unlink()
-    (out / MANIFEST).unlink(missing_ok=True)
-    (out / JOURNAL).unlink(missing_ok=True)  # written by runs from before the work folder
+    for shard in found.values():
+        if shard.parent != work:  # the out keeps its own: a link, not a move (or a copy where links fail)
+            (work / shard.name).unlink(missing_ok=True)  # a damaged copy of the same name
+            _link_or_copy(shard, work / shard.name)
     return done
 
 
-def finish_shards(out: Path, shards: list[dict]) -> None:
-    """Move a completed run's shards from the work folder into the out (renames, no copies)."""
-    for entry in shards:
-        os.replace(work_folder(out) / entry["file"], out / entry["file"])
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        write_bytes(dst, src.read_bytes())
+
+
+def publish_store(out: Path) -> None:
+    """The completed work folder replaces the out: the last store is renamed aside, the work
+    folder renamed into place, the old store removed. Killed between the renames, the out is
+    missing and the work folder complete: `resume_shards` keeps every shard (its manifest vouches)."""
+    work, aside = work_folder(out), out.with_name(out.name + ".replaced")
+    if aside.exists():
+        shutil.rmtree(aside)
+    if out.exists():
+        os.replace(out, aside)
+    os.replace(work, out)
+    if aside.exists():
+        shutil.rmtree(aside)
 
 
 def write_journal(folder: Path, config_hash: str, shards: list[dict]) -> None:

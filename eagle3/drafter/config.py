@@ -32,6 +32,7 @@ from typing import Any
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from eagle3.core.layer_ids import LAYER_ID_RULES, serving_rule
+from eagle3.vocab import draft_size
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -111,7 +112,7 @@ class DrafterConfig:
             max_position_embeddings=c.max_position_embeddings,
             hidden_act=getattr(c, "hidden_act", "silu"),
             vocab_size=c.vocab_size,
-            draft_vocab_size=min(draft_vocab_size, c.vocab_size),
+            draft_vocab_size=draft_size(draft_vocab_size, c.vocab_size),
             target_hidden_size=c.hidden_size,
             aux_layer_ids=list(aux_layer_ids),
             fc_norm=fc_norm,

@@ -30,7 +30,7 @@ from eagle3.core.inputs import InputError
 from eagle3.core.stageio import sha256_files
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.export import CONFIG, EMBED, WEIGHTS
-from eagle3.vocab import VocabMap, adopted_vocab_map
+from eagle3.vocab import VocabMap, adopted_vocab_map, draft_size
 
 MAPPING_KEYS = ("d2t", "t2d")
 
@@ -168,7 +168,7 @@ def check_against_target(
 def adopted_mapping(init: InitDrafter, vocab_size_param: int) -> tuple[Tensor, Tensor]:
     """The drafter's own d2t/t2d; refuses a vocab.size that is not its draft vocabulary size."""
     k, v = init.cfg.draft_vocab_size, init.cfg.vocab_size
-    if min(vocab_size_param, v) != k:
+    if draft_size(vocab_size_param, v) != k:
         raise InputError(
             f"vocab.size is {vocab_size_param:,} but the train.init drafter {init.folder} has a draft "
             f"vocabulary of {k:,} tokens (its d2t/t2d are part of its weights): set vocab.size: {k}"

@@ -83,8 +83,8 @@ def extract_with_sglang(
     **options: int | dict | None,
 ) -> tuple[dict, str]:
     """The extract stage's work on SGLang servers; refuses servers that differ from what patch-check
-    saw. `options`: run_extraction's `stop_after_shards` and `stats`. Returns the manifest and the
-    dtype the servers computed in."""
+    saw. `options`: run_extraction's `stop_after_shards`, `stats` and `publish`. Returns the manifest
+    and the dtype the servers computed in."""
     checked = checked_servers(params, fingerprint)
     path = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -36,6 +36,19 @@ def check_inputs(
     `features_sha256` (of the features' manifest.json) and `vocab_size` (params vocab.size) are
     checked against what the mapping recorded; `target_tokenizer_sha256` is the tokenizer of
     the target as it is now, checked against the one the features were made with."""
+    _check_features(report_fp, features_fp, features_aux, cfg, target_tokenizer_sha256)
+    _check_mapping(report_fp, mapping_meta, d2t, t2d, cfg, features_sha256, vocab_size)
+
+
+def _check_features(
+    report_fp: dict,
+    features_fp: dict,
+    features_aux: list[int],
+    cfg: DrafterConfig,
+    target_tokenizer_sha256: str | None,
+) -> None:
+    """The features against the patch-check report's target, the tokenizer as it is now and the
+    drafter's hidden size."""
     rerun_extract = "re-run the extract stage for this target (dvc repro extract)"
     tok_now, tok_features = target_tokenizer_sha256, features_fp.get("tokenizer_sha256")
     if tok_now is not None and tok_features is not None and tok_now != tok_features:
@@ -65,6 +78,19 @@ def check_inputs(
             cfg.target_hidden_size,
             rerun_extract,
         )
+
+
+def _check_mapping(
+    report_fp: dict,
+    mapping_meta: dict,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    cfg: DrafterConfig,
+    features_sha256: str | None,
+    vocab_size: int | None,
+) -> None:
+    """The vocab mapping against the features it was counted from, params' vocab.size, the
+    target's tokenizer and vocabulary, and itself (d2t and t2d agree)."""
     rerun_vocab = "re-run the vocab-map stage on this target's features (dvc repro vocab-map)"
     made_from = mapping_meta.get("features_manifest_sha256")
     if features_sha256 is not None and made_from is not None and made_from != features_sha256:

@@ -26,6 +26,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from eagle3.core.inputs import InputError
 from eagle3.core.params import TrainParams
+from eagle3.drafter.cost import draft_step_flops
 from eagle3.drafter.model import Eagle3Drafter
 from eagle3.train.checkpoint import (
     CHECKPOINT,
@@ -47,7 +48,7 @@ from eagle3.train.distributed import all_reduce, barrier, device_of, init_distri
 from eagle3.train.online import OnlineSource, prefetched
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
 from eagle3.train.simulate import SHAPES, accepted_lengths
-from eagle3.train.ttt import TTTModel, acceptance_length, flops_per_token_step, step_valid
+from eagle3.train.ttt import TTTModel, acceptance_length, step_valid
 from eagle3.vocab import draft_to_target_ids, target_to_draft_slots
 
 __all__ = ["CHECKPOINT", "TrainInputs", "TrainOutcome", "TrainRecipe", "train_drafter", "trainable_state"]
@@ -238,7 +239,8 @@ class TrainRecipe:
     ) -> TrainOutcome | None:
         """Run the remaining epochs; the outcome on rank 0, None on the others."""
         self._tokens_seen, self._started = 0, time.perf_counter()
-        self._flops_token = flops_per_token_step(self.drafter) * 3 * self.p.ttt_length  # forward + backward
+        step = draft_step_flops(self.drafter.cfg)["draft_step"]
+        self._flops_token = step * 3 * self.p.ttt_length  # forward + backward
         self._bar = _progress(self.total_steps, self.step, self.epoch) if self._show_progress() else None
         try:
             while self.epoch < self.p.epochs:

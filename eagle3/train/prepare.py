@@ -21,6 +21,7 @@ from eagle3.core.params import Params, ParamsError, TrainParams
 from eagle3.core.stageio import code_sha256, read_json, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.config import DrafterConfig
+from eagle3.drafter.cost import precision_of, training_memory
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads
@@ -50,10 +51,7 @@ class TrainInputs:
 
 def precision(p: TrainParams, cfg: DrafterConfig | None = None) -> tuple[torch.dtype, bool]:
     """(master weight dtype, bf16 autocast on?) for train.dtype (auto: measured for the drafter's sizes)."""
-    dtype = resolve_dtype(p.dtype, "train", Shape.of(cfg) if cfg is not None else None)
-    if dtype == torch.bfloat16:
-        return torch.float32, True  # bf16 compute, float32 master weights and optimizer state
-    return dtype, False
+    return precision_of(resolve_dtype(p.dtype, "train", Shape.of(cfg) if cfg is not None else None))
 
 
 SHAPE_KEYS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -70,36 +68,18 @@ def drafter_config(base: DrafterConfig, p: TrainParams) -> DrafterConfig:
         raise ParamsError("params", [f"{set_keys or 'train'}: {err}"]) from None
 
 
-def estimate_peak_gib(cfg: DrafterConfig, p: TrainParams, stored_topk: int | None = None) -> float:
-    """A conservative estimate of training memory (activations dominate: logits of every step).
-    `stored_topk`: the store holds the target's top-N instead of last_hidden."""
-    h, k, v, i = cfg.hidden_size, cfg.draft_vocab_size, cfg.vocab_size, cfg.intermediate_size
-    tokens = p.batch_size * p.seq_len
-    per_step = activation_bytes_per_step(cfg, p, p.batch_size)
-    weights = (k * h + 4 * h * h + 3 * h * i + 3 * h * h) * 16 + v * h * 4
-    if stored_topk:  # ids int64 + logprobs float32 per position; no target logits
-        target = tokens * stored_topk * 12 + v * h * 2
-    else:  # the K draft logits, and for train.target_topk the full-vocabulary ones (bf16 + float32)
-        target = tokens * k * 2 + v * h * 2 + (tokens * v * 6 if p.target_topk else 0)
-    runtime = 0.5 * 2**30  # interpreter, torch and allocator slack (bench/train.py measures peak RSS)
-    return (per_step * p.ttt_length + weights + target + runtime) / 2**30
-
-
-def activation_bytes_per_step(cfg: DrafterConfig, p: TrainParams, rows: int) -> int:
-    """Activations kept for backward per TTT step, for `rows` sequences of train.seq_len
-    (logits of the draft vocabulary dominate; attention scores grow with seq_len squared)."""
-    h, k, i = cfg.hidden_size, cfg.draft_vocab_size, cfg.intermediate_size
-    return rows * p.seq_len * (k * 12 + h * 80 + i * 16) + rows * p.seq_len * p.seq_len * p.ttt_length
-
-
-def check_memory(cfg: DrafterConfig, p: TrainParams, stored_topk: int | None = None) -> float:
-    gib = estimate_peak_gib(cfg, p, stored_topk)
+def check_memory(
+    cfg: DrafterConfig, p: TrainParams, precision: tuple[torch.dtype, bool], stored_topk: int | None = None
+) -> float:
+    """The per-device peak `eagle3 plan` plans for these params (eagle3.drafter.cost), refused
+    above train.max_memory_gib. `precision`: precision(p, cfg)."""
+    gib = training_memory(cfg, p, p.num_processes, precision, stored_topk)["total_ddp"]
     if gib > p.max_memory_gib:
         raise ValueError(
-            f"train: estimated peak memory {gib:.1f} GiB for a draft vocabulary of {cfg.draft_vocab_size:,} "
-            f"(batch_size {p.batch_size} x seq_len {p.seq_len}, ttt_length {p.ttt_length}) exceeds "
-            f"train.max_memory_gib={p.max_memory_gib}; lower vocab.size, train.batch_size or train.seq_len, "
-            "or raise train.max_memory_gib"
+            f"train: estimated peak memory {gib:.1f} GiB per device for a draft vocabulary of "
+            f"{cfg.draft_vocab_size:,} (batch_size {p.batch_size} over {p.num_processes} device(s) x seq_len "
+            f"{p.seq_len}, ttt_length {p.ttt_length}) exceeds train.max_memory_gib={p.max_memory_gib}; lower "
+            "vocab.size, train.batch_size or train.seq_len, or raise train.max_memory_gib"
         )
     return gib
 
@@ -211,9 +191,9 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
         target_tokenizer_sha256=tokenizer_sha256(folder) if folder.is_dir() else None,
     )
     check_target_topk(params.train, store.target_topk)
-    check_memory(cfg, params.train, store.target_topk)
-    store.verify()  # every shard and the token file against the manifest's sha256
     master, autocast = precision(params.train, cfg)
+    check_memory(cfg, params.train, (master, autocast), store.target_topk)
+    store.verify()  # every shard and the token file against the manifest's sha256
     embed, head = load_target_heads(params.target.source, torch.bfloat16 if autocast else master)
     norm = load_target_final_norm(params.target.source, master)
     key = run_key(params.train, cfg, features_sha256, sha256_file(mapping / MAPPING), init and init.sha256)

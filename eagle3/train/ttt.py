@@ -183,10 +183,3 @@ def acceptance_length(chain_hits: Tensor) -> Tensor:
     """Simulated tokens per verification for each start position: 1 (the target's own token)
     plus the leading run of steps whose draft top-1 equals the target's top-1."""
     return 1 + chain_hits.long().cumprod(dim=-1).sum(dim=-1)
-
-
-def flops_per_token_step(drafter: Eagle3Drafter) -> float:
-    """Matmul FLOPs (forward) of one TTT step per token, lm_head included, attention excluded."""
-    c = drafter.cfg
-    h, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    return 2.0 * (2 * h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size + h * c.draft_vocab_size)
