@@ -1,7 +1,8 @@
 """The hook transport (eagle3/sglang/handover.py) against a replay server that hands the recorded
-rows over as the project's hook writes them: raw bf16 pieces `<rid>.<start>-<end>.bfloat16` in a
-folder, written on a thread after the reply (as the hook's writer thread does), the reply without
-hidden states. Live SGLang with the real hook: tests/test_sglang_hook_live.py."""
+rows over through the project's hook writer (eagle3/sglang/aux_hook.py Writer): raw bf16 pieces
+`<rid>.<start>-<end>.bfloat16`, or fp8 pieces with row scales, in a folder, written on a thread
+after the reply (as the hook's writer thread does), the reply without hidden states. Live SGLang
+with the real hook: tests/test_sglang_hook_live.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import pytest
 import torch
 from test_sglang import H, Replay, fixture
 
+from eagle3.data.store import dequantize_rows, quantize_rows
+from eagle3.sglang import aux_hook
+from eagle3.sglang.aux_hook import Writer
 from eagle3.sglang.client import ServerPool
 from eagle3.sglang.handover import STALE_S, HandoverError, HookTransport, remove_stale
 from eagle3.sglang.rows import PartialPrefillError, prefill_body, request_rows
@@ -26,9 +30,9 @@ class HookReplay(Replay):
     """The recorded aux server, handing rows over through `folder` for requests with a rid; a
     prompt longer than `chunk` comes in pieces, as a chunked prefill's forwards write it."""
 
-    def __init__(self, folder: Path, chunk: int = 16, **kw):
+    def __init__(self, folder: Path, chunk: int = 16, dtype: str = "model", **kw):
         super().__init__("aux", **kw)
-        self.folder, self.chunk, self.refuse = folder, chunk, None
+        self.folder, self.chunk, self.refuse, self.dtype = folder, chunk, None, dtype
 
     def answer(self, body: dict) -> dict | None:
         response = super().answer(body)
@@ -45,12 +49,10 @@ class HookReplay(Replay):
         if self.refuse:
             (self.folder / f"{rid}.err").write_text(self.refuse)
             return
-        for lo in range(0, len(rows), self.chunk):
+        writer = Writer(str(self.folder), sync=True, dtype=self.dtype)
+        for lo in range(0, len(rows), self.chunk):  # one chunk a forward
             piece = rows[lo : lo + self.chunk]
-            name = f"{rid}.{start + lo}-{start + lo + len(piece)}.bfloat16"
-            temp = self.folder / f".{name}.tmp"
-            temp.write_bytes(piece.view(torch.uint8).numpy().tobytes())
-            os.replace(temp, self.folder / name)
+            writer.write(piece, None, None, [(rid, 0, start + lo, len(piece))])
 
 
 @pytest.fixture
@@ -130,3 +132,102 @@ def test_a_killed_clients_pieces_are_removed_once_stale(tmp_path):
     os.utime(old, (time.time() - STALE_S - 1, time.time() - STALE_S - 1))
     assert remove_stale(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, other.name])
+
+
+def recorded_rows(n: int) -> torch.Tensor:
+    """The recorded aux rows of request n, as the server's bf16."""
+    response = fixture(f"resp_{n:02d}.json")
+    return torch.tensor(response["meta_info"]["hidden_states"][0], dtype=torch.float32).to(torch.bfloat16)
+
+
+def test_an_fp8_piece_holds_the_stores_quantization_of_the_rows_then_their_scales(tmp_path):
+    rows = torch.cat([recorded_rows(1), torch.zeros(1, WIDTH, dtype=torch.bfloat16)])  # a zero row too
+    writer = Writer(str(tmp_path), sync=True, dtype="float8_e4m3fn")
+    writer.write(rows, None, None, [("e3-x", 0, 0, len(rows))])
+    (piece,) = tmp_path.iterdir()
+    assert piece.name == f"e3-x.0-{len(rows)}.float8_e4m3fn"
+    fp8, scales = quantize_rows(rows)
+    assert piece.read_bytes() == fp8.view(torch.uint8).numpy().tobytes() + scales.numpy().tobytes()
+    assert len(piece.read_bytes()) == len(rows) * (WIDTH + 4)  # about half of bf16's 2 * WIDTH
+
+
+def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound(tmp_path):
+    hook = HookReplay(tmp_path, dtype="float8_e4m3fn")
+    try:
+        pool, transport = ServerPool([hook.url]), HookTransport(tmp_path)
+        for n in (1, 2, 3):  # 3 spans several pieces
+            body = recorded(n)
+            got = transport.request_rows(pool, body, WIDTH, "aux").prefill
+            rows = request_rows(pool, body, WIDTH, "aux").prefill.to(torch.bfloat16)  # the JSON rows
+            fp8, scales = quantize_rows(rows)
+            assert torch.equal(got, fp8.float() * scales[:, None])  # float32, before the store's bf16 cast
+            assert torch.equal(got.to(torch.bfloat16), dequantize_rows(fp8, scales))
+            # an fp8 store of these rows (bf16, as extraction keeps them) holds the same bytes
+            again, again_scales = quantize_rows(got.to(torch.bfloat16))
+            assert torch.equal(again.view(torch.uint8), fp8.view(torch.uint8))
+            assert torch.equal(again_scales, scales)
+            # e4m3 keeps 3 mantissa bits: half a step is 1/16 of a value; below 2^-6 (x scale) the
+            # subnormal step is 2^-9, half of it 2^-10
+            error = (got - rows.float()).abs()
+            bound = rows.float().abs() / 16 + scales[:, None] / 1024
+            assert bool((error <= bound).all()), float((error - bound).max())
+            assert float(error.max()) > 0  # fp8, not the bf16 rows passed through
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        hook.close()
+
+
+@pytest.mark.parametrize("rows_at_a_time", [None, 3])
+def test_the_hooks_fp8_formula_is_the_stores_bit_for_bit(monkeypatch, rows_at_a_time):
+    if rows_at_a_time:  # the CPU's chunks: a row's bytes never depend on them
+        monkeypatch.setattr(aux_hook, "QUANTIZE_BYTES", rows_at_a_time * 4 * WIDTH)
+    gen = torch.Generator().manual_seed(0)
+    magnitudes = torch.logspace(-30, 30, 64).reshape(64, 1)  # subnormal fp8 steps to huge rows
+    rows = torch.cat([recorded_rows(2), torch.randn(64, WIDTH, generator=gen) * magnitudes]).to(
+        torch.bfloat16
+    )
+    rows[3, :7] = 0  # zeros inside a row
+    rows = torch.cat([rows, torch.zeros(2, WIDTH, dtype=torch.bfloat16)])
+    ours, store = aux_hook.quantize_rows(rows), quantize_rows(rows)
+    assert torch.equal(ours[0].view(torch.uint8), store[0].view(torch.uint8))
+    assert torch.equal(ours[1], store[1])
+
+
+class ForwardBatch:
+    """What the hook reads of SGLang's ForwardBatch (it finds the argument by its type's name)."""
+
+    def __init__(self, rids: list[str], lens: list[int], starts: list[int]):
+        self.forward_mode = type("Mode", (), {"name": "EXTEND"})()
+        self.rids, self.extend_seq_lens_cpu, self.extend_prefix_lens_cpu = rids, lens, starts
+
+
+@pytest.mark.parametrize("dtype", ["model", "float8_e4m3fn"])
+def test_the_hook_writes_its_requests_pieces_of_a_batched_forward_and_nothing_else(tmp_path, dtype):
+    hook = aux_hook.make_hook({"dir": str(tmp_path), "sync": True, "dtype": dtype})
+    layers = [torch.randn(10, H).to(torch.bfloat16) for _ in range(3)]
+    rows = torch.cat(layers, dim=-1)
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1, 2, 3])  # e3-a's second chunk at 4: positions 4, 5
+    batch = ForwardBatch(["other", "e3-a", "e3-b"], [4, 2, 4], [0, 4, 0])
+    assert hook(None, (None, positions, batch), (rows[:, :H], layers)) is None
+    names = sorted(p.name for p in tmp_path.iterdir())
+    tag = "float8_e4m3fn" if dtype != "model" else "bfloat16"
+    assert names == [f"e3-a.4-6.{tag}", f"e3-b.0-4.{tag}"]
+    if dtype == "model":
+        assert (tmp_path / names[0]).read_bytes() == rows[4:6].view(torch.uint8).numpy().tobytes()
+    else:
+        fp8, scales = quantize_rows(rows[6:10])  # the store's quantization of e3-b's rows
+        assert (tmp_path / names[1]).read_bytes() == fp8.view(
+            torch.uint8
+        ).numpy().tobytes() + scales.numpy().tobytes()
+    # a forward of other traffic only writes nothing
+    hook(
+        None,
+        (None, positions[:4], ForwardBatch(["other"], [4], [0])),
+        (rows[:4, :H], [x[:4] for x in layers]),
+    )
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_hook_dtype_it_cannot_write_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="config dtype 'int8' is none of model, float8_e4m3fn"):
+        Writer(str(tmp_path), sync=True, dtype="int8")

@@ -5,7 +5,9 @@ Stock SGLang loads the project's hook factory (eagle3/sglang/aux_hook.py) throug
 --forward-hooks; on every prefill forward it writes each request's rows to the hand-over folder
 as `<rid>.<start>-<end>.<dtype>` (positions start..end-1, each row the aux layers' states in
 the model's dtype, written under a temporary name and renamed, so a file is whole once it is
-there), or `<rid>.err` with the reason it could not place them. The client sends /generate with
+there; with the hook's config dtype float8_e4m3fn, `<rid>.<start>-<end>.float8_e4m3fn`: fp8
+rows then a float32 scale per row, read back as fp8 x scale in float32), or `<rid>.err` with the
+reason it could not place them. The client sends /generate with
 a request id of its own and without return_hidden_states (the reply carries the top logprobs
 only, when the target mode asks for them), assembles the rows once the pieces cover the prompt,
 and removes them. A piece that does not start at 0 is a prefix-cache hit: PartialPrefillError,
@@ -32,8 +34,11 @@ from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.rows import PartialPrefillError, Rows, parse_top, with_cache_retries
 
 RID_PREFIX = "e3-"  # every request id this project sends through a hook starts so
-PIECE = re.compile(r"^(?P<rid>.+)\.(?P<start>\d+)-(?P<end>\d+)\.(?P<dtype>bfloat16|float16|float32)$")
+PIECE = re.compile(
+    r"^(?P<rid>.+)\.(?P<start>\d+)-(?P<end>\d+)\.(?P<dtype>bfloat16|float16|float32|float8_e4m3fn)$"
+)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FP8 = "float8_e4m3fn"  # fp8 rows [n, W] then float32 row scales [n] (eagle3/sglang/aux_hook.py)
 # How long the rows may take to appear after the reply (the hook writes on a thread of its own).
 WAIT_S = float(os.environ.get("EAGLE3_HANDOVER_WAIT_S", "60"))
 STALE_S = 600.0  # files of requests nobody has read for this long are a killed client's
@@ -68,6 +73,21 @@ def remove_stale(folder: Path, older_than_s: float = STALE_S) -> int:
         except FileNotFoundError:  # another client took it
             continue
     return removed
+
+
+def read_piece(path: Path, n: int, width: int, dtype: str, what: str) -> torch.Tensor:
+    """A piece's n rows as float32 [n, width]: the model's dtype widened, or fp8 x row scale."""
+    raw = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+    fp8 = dtype == FP8
+    want = n * (width + 4) if fp8 else n * width * DTYPES[dtype].itemsize
+    if raw.numel() != want:
+        got = f"{raw.numel()} bytes for {n} rows of {width} {dtype}{' and their scales' if fp8 else ''}"
+        raise HandoverError(f"{path}: {got}, not {want} ({what})")
+    if not fp8:
+        return raw.view(DTYPES[dtype]).view(n, width).float()
+    scales = raw[n * width :].clone().view(torch.float32)  # cloned: the scales' offset may be unaligned
+    # the feature store's read of an fp8 row before its bf16 cast (eagle3/data/store.py)
+    return raw[: n * width].view(torch.float8_e4m3fn).view(n, width).float() * scales[:, None]
 
 
 class HookTransport:
@@ -140,13 +160,9 @@ class HookTransport:
             time.sleep(0.002)
         out = torch.empty(prompt_len, width, dtype=torch.float32)
         for start, end, dtype, path in pieces:
-            raw = np.fromfile(path, dtype=np.uint8)
-            block = torch.from_numpy(raw).view(DTYPES[dtype])
-            if block.numel() != (end - start) * width:
-                got = f"{block.numel()} values for {end - start} rows of {width}"
-                raise HandoverError(f"{path}: {got} ({what})")
+            block = read_piece(path, end - start, width, dtype, what)
             stop = min(end, prompt_len)
-            out[start:stop] = block.view(end - start, width)[: stop - start].float()
+            out[start:stop] = block[: stop - start]
         return out
 
     def discard(self, rid: str) -> None:
