@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from eagle3.core.layer_ids import LayerIdRule
+from eagle3.data.store import quantize_rows
 from eagle3.sglang.client import ServerPool
 from eagle3.sglang.handover import HookTransport
 from eagle3.sglang.rows import generate_body, prefill_body, request_rows
@@ -184,8 +185,9 @@ def check_transport(
     """Every aux server's hook rows against the JSON rows of the same forwards, bit for bit:
     each request asks for both (return_hidden_states and a request id), each input is sent
     `copies` times at once, so the server batches requests into shared forwards and the hook
-    must split them right. Raises PatchCheckError naming the first mismatch."""
-    compared = 0
+    must split them right; an fp8 hook's rows must equal the feature store's quantization of the
+    JSON rows. Raises PatchCheckError naming the first mismatch."""
+    compared, dtypes = 0, set()
     for url in aux.urls:
         one = ServerPool([url], aux.timeout_s)
 
@@ -206,15 +208,31 @@ def check_transport(
         for ids, (given, handed) in zip(sent, pairs, strict=True):
             # a prefill split over forwards returns the last chunk's JSON rows only: compare those
             tail = handed[max(len(ids) - len(given), 0) :]
+            if len(given) and given.shape == tail.shape and not torch.equal(given, tail):
+                # an fp8 hook: its rows must be the feature store's quantization of the JSON rows
+                fp8, scales = quantize_rows(given.to(torch.bfloat16))
+                if torch.equal(fp8.float() * scales[:, None], tail):
+                    dtypes.add("float8_e4m3fn")
+                    compared += len(given)
+                    continue
             if len(given) == 0 or not torch.equal(given, tail):
                 bad = (given != tail).any(-1).nonzero()[0, 0].item() if given.shape == tail.shape else 0
                 raise PatchCheckError(
                     f"{url}: the hook's rows of a {len(ids)}-token prefill differ from the JSON rows "
                     f"of the same forward (first at position {len(ids) - len(given) + bad})"
                 )
+            dtypes.add("bfloat16")
             compared += len(given)
     requests = len(inputs) * copies * len(aux.urls)
-    return {"transport": transport.name, "requests": requests, "rows": compared, "bitwise_equal": True}
+    if len(dtypes) > 1:
+        raise PatchCheckError("the servers' hooks write different dtypes (bf16 and fp8): serve one")
+    return {
+        "transport": transport.name,
+        "requests": requests,
+        "rows": compared,
+        "bitwise_equal": True,  # bf16: the JSON rows; fp8: the store's quantization of them
+        "hook_dtype": dtypes.pop(),
+    }
 
 
 def sglang_fingerprint(

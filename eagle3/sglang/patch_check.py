@@ -16,7 +16,7 @@ from eagle3.sglang.check import (
 )
 from eagle3.sglang.servers import ExtractionServers
 from eagle3.verifier.load import has_chat_template, load_target, load_target_config
-from eagle3.verifier.patch_check import fingerprint
+from eagle3.verifier.patch_check import PatchCheckError, fingerprint
 from eagle3.verifier.render import render_conversation, render_prompt, user_turn
 
 
@@ -52,7 +52,14 @@ def sglang_patch_check(params: Params) -> dict:
         servers.aux, servers.final, inputs, prompt, config.hidden_size, aux_layers, reference, top
     )
     if servers.transport.name != "json":  # the same rows another way: bit for bit, batched
-        checks.append(check_transport(servers.aux, servers.transport, inputs, 3 * config.hidden_size))
+        handover = check_transport(servers.aux, servers.transport, inputs, 3 * config.hidden_size)
+        if handover["hook_dtype"] != "bfloat16" and params.extract.store_dtype != handover["hook_dtype"]:
+            raise PatchCheckError(
+                f"the servers' hooks write {handover['hook_dtype']} rows, and extract.store_dtype is "
+                f"{params.extract.store_dtype}: the store would hold their rounded values, not the "
+                "target's; set store_dtype: float8_e4m3fn (a store), or hook config dtype bfloat16"
+            )
+        checks.append(handover)
     base = fingerprint(target, aux_layers)
     return {
         "fingerprint": sglang_fingerprint(base, aux_args, final_args, rule, top),
