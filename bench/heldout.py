@@ -2,6 +2,9 @@
 
     python -m bench.heldout DRAFTER_A DRAFTER_B [MORE ...] [--positions drafted] [--json FILE]
 
+A DRAFTER is an exported folder, or a training checkpoint (artifacts/train/checkpoints/last.pt
+or a copy of it): runs still training can be compared at the same step.
+
 Run in a workspace whose extract, vocab-map and patch-check outputs the drafters were trained
 on (params.yaml's train split gives the held-out samples). Each drafter is scored at every TTT
 step on the same positions, whatever convention trained it (train.loss_positions): by default
@@ -30,6 +33,15 @@ from eagle3.train.prepare import prepare_inputs
 from stages.train import FEATURES, MAPPING_DIR, REPORT
 
 
+def drafter_weights(path: str, embed: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The drafter's tensors: an exported folder's, or a training checkpoint's."""
+    if Path(path).is_file():
+        state = torch.load(path, weights_only=True)
+        print(f"{path}: checkpoint of step {state['step']}, epoch {state['epoch']}")
+        return state["model"]
+    return load_drafter(path, embed, torch.float32).state_dict()
+
+
 def per_sample_hits(folders: list[str], positions: str, ttt_length: int) -> np.ndarray:
     """[drafters, samples, 2, steps]: top-1 hits and counted positions per held-out sample."""
     params = load_params()
@@ -45,11 +57,11 @@ def per_sample_hits(folders: list[str], positions: str, ttt_length: int) -> np.n
     own = model.drafter.state_dict()
     out = []
     for folder in folders:
-        loaded = load_drafter(folder, inputs.embed, torch.float32).state_dict()
+        loaded = drafter_weights(folder, inputs.embed)
         with torch.no_grad():
             for name, tensor in own.items():
                 if name not in ("d2t", "t2d", "embed_tokens.weight"):
-                    tensor.copy_(loaded[name])
+                    tensor.copy_(loaded[name].to(tensor.dtype))
             rows = []
             for sample in source.samples:
                 _, stats = model(source.batch([sample], torch.float32))
