@@ -7,11 +7,12 @@ or a copy of it): runs still training can be compared at the same step.
 
 Run in a workspace whose extract, vocab-map and patch-check outputs the drafters were trained
 on (params.yaml's train split gives the held-out samples). Each drafter is scored at every TTT
-step on the same positions, whatever convention trained it (train.loss_positions): by default
-`drafted`, the tokens decoding drafts (neither an answer's first token, which the target's
-prefill gives, nor the one after its end of turn); `after_assistant` and `assistant` are the
-training conventions' own. Intervals are 95% bootstrap intervals over held-out samples, and
-each drafter after the first is paired against it (the same resampled samples for both).
+step on the same positions, whatever convention trained it (train.loss_positions), in three
+sets: `drafted`, the tokens decoding drafts (neither an answer's first token, which the
+target's prefill gives, nor the one after its end of turn), and `after_assistant` and
+`assistant`, the training conventions' own. Intervals are 95% bootstrap intervals over
+held-out samples, and each drafter after the first is paired against it (the same resampled
+samples for both).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def drafter_weights(path: str, embed: torch.Tensor) -> dict[str, torch.Tensor]:
     return load_drafter(path, embed, torch.float32).state_dict()
 
 
-def per_sample_hits(folders: list[str], positions: str, ttt_length: int) -> np.ndarray:
-    """[drafters, samples, 2, steps]: top-1 hits and counted positions per held-out sample."""
+def per_sample_hits(folders: list[str], positions: list[str], ttt_length: int) -> np.ndarray:
+    """[positions, drafters, samples, 2, steps]: top-1 hits and counted positions per held-out
+    sample, for each set of positions."""
     params = load_params()
     train = params.train.model_copy(update={"ttt_length": ttt_length, "dtype": "float32", "init": None})
     params = params.model_copy(update={"train": train})
@@ -53,21 +55,21 @@ def per_sample_hits(folders: list[str], positions: str, ttt_length: int) -> np.n
     recipe._setup_data(heldout_only=True)
     recipe._setup_model()
     model, source = recipe.model.eval(), recipe.held_src
-    model.loss_positions = positions
     own = model.drafter.state_dict()
-    out = []
-    for folder in folders:
+    out = np.zeros((len(positions), len(folders), len(source.samples), 2, ttt_length))
+    for d, folder in enumerate(folders):
         loaded = drafter_weights(folder, inputs.embed)
         with torch.no_grad():
             for name, tensor in own.items():
                 if name not in ("d2t", "t2d", "embed_tokens.weight"):
                     tensor.copy_(loaded[name].to(tensor.dtype))
-            rows = []
-            for sample in source.samples:
-                _, stats = model(source.batch([sample], torch.float32))
-                rows.append(torch.stack([stats.correct, stats.count]).numpy())
-        out.append(rows)
-    return np.asarray(out)
+            for i, sample in enumerate(source.samples):
+                batch = source.batch([sample], torch.float32)
+                for p, counted in enumerate(positions):
+                    model.loss_positions = counted
+                    _, stats = model(batch)
+                    out[p, d, i] = torch.stack([stats.correct, stats.count]).numpy()
+    return out
 
 
 def summary(hits: np.ndarray, names: list[str], seed: int = 0) -> dict:
@@ -99,23 +101,27 @@ def main(argv: list[str] | None = None) -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("drafters", nargs="+", metavar="DRAFTER")
-    parser.add_argument("--positions", default="drafted", choices=["drafted", "after_assistant", "assistant"])
+    sets = ["drafted", "after_assistant", "assistant"]
+    parser.add_argument("--positions", nargs="+", default=sets, choices=sets, help="the sets scored")
     parser.add_argument("--ttt-length", type=int, default=2, help="TTT steps scored")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE")
     args = parser.parse_args(argv)
     if len(args.drafters) < 2:
         parser.error("give two or more drafters: the first is the reference")
     hits = per_sample_hits(args.drafters, args.positions, args.ttt_length)
-    result = {"positions": args.positions, "samples": hits.shape[1], "drafters": summary(hits, args.drafters)}
-    for name, steps in result["drafters"].items():
-        cells = []
-        for k, s in enumerate(steps):
-            cell = f"pos {k + 1}: {s['top1']:.4f} [{s['ci']['lo']:.4f}, {s['ci']['hi']:.4f}]"
-            if "minus_first" in s:
-                ci = s["minus_first_ci"]
-                cell += f" ({s['minus_first']:+.4f} [{ci['lo']:+.4f}, {ci['hi']:+.4f}])"
-            cells.append(cell)
-        print(f"{name}: " + "  ".join(cells))
+    result = {"samples": hits.shape[2], "positions": {}}
+    for p, counted in enumerate(args.positions):
+        result["positions"][counted] = summary(hits[p], args.drafters)
+        print(f"-- positions {counted}")
+        for name, steps in result["positions"][counted].items():
+            cells = []
+            for k, s in enumerate(steps):
+                cell = f"pos {k + 1}: {s['top1']:.4f} [{s['ci']['lo']:.4f}, {s['ci']['hi']:.4f}]"
+                if "minus_first" in s:
+                    ci = s["minus_first_ci"]
+                    cell += f" ({s['minus_first']:+.4f} [{ci['lo']:+.4f}, {ci['hi']:+.4f}])"
+                cells.append(cell)
+            print(f"{name}: " + "  ".join(cells))
     if args.json:
         args.json.write_text(json.dumps(result | {"command": sys.argv}, indent=1) + "\n")
 
