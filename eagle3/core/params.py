@@ -230,6 +230,15 @@ class TrainParams(Section):
     dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
     # Refuse to start when the estimated peak memory exceeds this (GiB).
     max_memory_gib: float = Field(default=16.0, gt=0)
+    # The turn boundary: which drafted tokens are trained. after_assistant = those
+    # that follow an assistant token (the answer's second token through the one after its
+    # end-of-turn marker); assistant = the assistant tokens themselves (the answer's first token,
+    # drafted from the header, through the end-of-turn marker), as the official EAGLE-3 trainer.
+    # Decoding drafts neither edge: the answer's first token comes from the target's prefill.
+    loss_positions: Literal["after_assistant", "assistant"] = "after_assistant"
+    # token = each step's loss averaged over the counted positions of the global batch; row = the
+    # official trainer's mean over its padded batch (every position of every row, counted or not).
+    loss_average: Literal["token", "row"] = "token"
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TrainParams:

@@ -48,7 +48,7 @@ from eagle3.train.distributed import all_reduce, barrier, device_of, init_distri
 from eagle3.train.online import OnlineSource, prefetched
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
 from eagle3.train.simulate import SHAPES, accepted_lengths
-from eagle3.train.ttt import TTTModel, acceptance_length, step_valid
+from eagle3.train.ttt import TTTModel, acceptance_length, loss_norm, step_valid
 from eagle3.vocab import draft_to_target_ids, target_to_draft_slots
 
 __all__ = ["CHECKPOINT", "TrainInputs", "TrainOutcome", "TrainRecipe", "train_drafter", "trainable_state"]
@@ -167,7 +167,15 @@ class TrainRecipe:
         full_head = inputs.head.to(compute) if p.target_topk and not stored_topk else None
         head_rows = head_rows.to(compute)
         self.model = TTTModel(
-            drafter, head_rows, p.ttt_length, p.ttt_decay, draft_slot, p.target_topk or 0, full_head
+            drafter,
+            head_rows,
+            p.ttt_length,
+            p.ttt_decay,
+            draft_slot,
+            p.target_topk or 0,
+            full_head,
+            p.loss_positions,
+            p.loss_average,
         ).to(self.device)
         self.ddp_model = self.model
         if self.dist.world > 1:
@@ -294,8 +302,10 @@ class TrainRecipe:
         batch = _to_device(batch, self.device)
         self.model.train()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            local_counts = torch.stack([step_valid(batch, k).sum() for k in range(p.ttt_length)]).double()
-            norm = all_reduce(local_counts, d).to(self.device)
+            local_counts = torch.stack(
+                [step_valid(batch, k, p.loss_positions).sum() for k in range(p.ttt_length)]
+            ).double()
+            norm = all_reduce(loss_norm(batch, local_counts, p.loss_average), d).to(self.device)
             loss, stats = self.ddp_model(batch, norm)
         (loss * d.world).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, p.grad_clip)

@@ -16,6 +16,9 @@ steps, so inference and training run the very same `Eagle3Drafter.forward`.
 Loss of step k: soft cross-entropy over positions whose target position is an assistant token
 of the same sample and whose target argmax lies inside the draft vocabulary, normalised by
 the number of such positions in the global (all ranks) batch, weighted by decay^k.
+Two conventions of the official EAGLE-3 trainer (SafeAILab/EAGLE eagle/traineagle3) differ at
+the turn boundary and in that normalisation; train.loss_positions and train.loss_average
+choose (eagle3/core/params.py; docs/turn-boundary-draft.md measured them).
 """
 
 from __future__ import annotations
@@ -44,15 +47,35 @@ def shift_left(x: Tensor, n: int, fill: int | bool = 0) -> Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def step_valid(batch: Batch, k: int) -> Tensor:
-    """[B, T] bool: position t has a trainable target at step k."""
+def step_valid(batch: Batch, k: int, positions: str = "after_assistant") -> Tensor:
+    """[B, T] bool: position t has a trainable target at step k. Step k at t drafts token
+    t+2+k from the target's prediction at t+1+k; `positions` (train.loss_positions) says which
+    of those count: after_assistant = token t+1+k is an assistant token, assistant = the
+    drafted token t+2+k is one, drafted = both (what decoding drafts: neither the answer's
+    first token, which the target's prefill gives, nor the one after its end of turn)."""
     # rows are right-padded, so "the target position is real" also means "same sample"
     n = 1 + k
-    return (
-        shift_left(batch.real, n, False)
-        & shift_left(batch.loss_mask, n, False)
-        & shift_left(batch.in_draft, n, False)
-    )
+    valid = shift_left(batch.real, n, False) & shift_left(batch.in_draft, n, False)
+    if positions in ("after_assistant", "drafted"):
+        valid = valid & shift_left(batch.loss_mask, n, False)
+    if positions in ("assistant", "drafted"):
+        valid = valid & shift_left(batch.loss_mask, n + 1, False)
+    if positions not in ("after_assistant", "assistant", "drafted"):
+        raise ValueError(f"positions {positions!r}: use after_assistant, assistant or drafted")
+    return valid
+
+
+def loss_norm(batch: Batch, counts: Tensor, average: str = "token") -> Tensor:
+    """[L]: what each TTT step's summed loss is divided by, from this batch's counted positions
+    per step `counts` [L] (train.loss_average): token = those counts; row = the official
+    trainer's mean over its padded [B, T] batch (T = the longest row, as its collator pads),
+    the same for every step."""
+    if average == "token":
+        return counts
+    if average != "row":
+        raise ValueError(f"average {average!r}: use token or row")
+    padded = batch.real.shape[0] * batch.real.sum(dim=1).max()
+    return torch.full_like(counts, float(padded))
 
 
 @dataclass
@@ -103,11 +126,14 @@ class TTTModel(nn.Module):
         draft_slot: Tensor | None = None,  # [V]: draft id of a target id, -1 if none (top-N targets)
         topk_n: int = 0,  # train on the target's top-n only (0: all the batch carries)
         full_head: Tensor | None = None,  # the target lm_head [V, H]: top-n from last_hidden
+        loss_positions: str = "after_assistant",  # train.loss_positions (step_valid)
+        loss_average: str = "token",  # train.loss_average (loss_norm)
     ):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("head_rows", target_head_rows, persistent=False)  # [K, H]
         self.ttt_length, self.decay, self.topk_n = ttt_length, decay, topk_n
+        self.loss_positions, self.loss_average = loss_positions, loss_average
         if draft_slot is not None:
             self.register_buffer("draft_slot", draft_slot, persistent=False)
         if full_head is not None:
@@ -126,12 +152,13 @@ class TTTModel(nn.Module):
     def forward(self, batch: Batch, norm: Tensor | None = None, chains: bool = False):
         """Returns (weighted loss, StepStats[, correct chains [N0, L] for acceptance]).
 
-        `norm` [L]: positions per step in the global batch (defaults to the local counts).
+        `norm` [L]: what each step's summed loss is divided by over the global batch (defaults
+        to this batch's, loss_norm).
         """
         L, m = self.ttt_length, self.drafter
-        valid = [step_valid(batch, k) for k in range(L)]
+        valid = [step_valid(batch, k, self.loss_positions) for k in range(L)]
         counts = torch.stack([v.sum() for v in valid]).double()
-        norm = counts if norm is None else norm
+        norm = loss_norm(batch, counts, self.loss_average) if norm is None else norm
         target_logits = soft = None
         if batch.last_hidden is not None:
             with torch.no_grad():
