@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_sglang import H, Replay, fixture
@@ -20,8 +21,11 @@ from eagle3.data.store import dequantize_rows, quantize_rows
 from eagle3.sglang import aux_hook
 from eagle3.sglang.aux_hook import Writer
 from eagle3.sglang.client import ServerPool
+from eagle3.sglang.features import text_sample
 from eagle3.sglang.handover import STALE_S, HandoverError, HookTransport, remove_stale
 from eagle3.sglang.rows import PartialPrefillError, prefill_body, request_rows
+from eagle3.sglang.servers import ExtractionServers, TopLogprobs
+from eagle3.verifier.render import Rendered
 
 WIDTH = 3 * H
 
@@ -231,3 +235,28 @@ def test_the_hook_writes_its_requests_pieces_of_a_batched_forward_and_nothing_el
 def test_a_hook_dtype_it_cannot_write_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="config dtype 'int8' is none of model, float8_e4m3fn"):
         Writer(str(tmp_path), sync=True, dtype="int8")
+
+
+def test_extraction_and_online_training_get_the_same_sample_through_the_hook(hook):
+    """text_sample is what extraction stores and online training trains on (sglang/features.py):
+    through the hook it is the JSON path's sample, tensor for tensor."""
+    ids = np.asarray(fixture("lp_req_01.json")["input_ids"], dtype=np.int32)
+    rendered = Rendered(ids, np.ones(len(ids), dtype=np.uint8))
+    top = fixture("lp_req_01.json")["top_logprobs_num"]
+    json_servers = ExtractionServers(ServerPool([hook.url]), TopLogprobs(top))
+    hook_servers = ExtractionServers(ServerPool([hook.url]), TopLogprobs(top), HookTransport(hook.folder))
+    a, b = text_sample(json_servers, H, rendered), text_sample(hook_servers, H, rendered)
+    for key in ("input_ids", "loss_mask", "aux_hidden", "target_topk_ids", "target_topk_logprobs"):
+        assert torch.equal(getattr(a, key), getattr(b, key)), key
+    assert list(hook.folder.iterdir()) == []
+
+
+def test_a_piece_the_hook_cannot_write_leaves_the_reason_not_half_a_file(tmp_path):
+    """A write that fails (here a folder stands where the piece goes; a full disk fails alike)
+    leaves `<rid>.err` with the OS error and no temporary file; the client stops with that line."""
+    writer = Writer(str(tmp_path), sync=True)
+    rows = recorded_rows(1)[:4]
+    (tmp_path / "e3-x.0-4.bfloat16").mkdir()
+    writer.write(rows, None, None, [("e3-x", 0, 0, 4)])
+    assert "cannot write" in (tmp_path / "e3-x.err").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e3-x.0-4.bfloat16", "e3-x.err"]
