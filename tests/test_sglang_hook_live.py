@@ -47,14 +47,24 @@ CHUNK = 64  # --chunked-prefill-size
 WIDTH = 3 * H
 
 
-def hook_args(folder: Path) -> list[str]:
-    spec = {
+def hook_spec(folder: Path) -> dict:
+    """The --forward-hooks entry of the project's factory writing into `folder`."""
+    return {
         "name": "eagle3_aux",
         "target_modules": ["model"],
         "hook_factory": "eagle3.sglang.aux_hook:make_hook",
         "config": {"dir": str(folder)},
     }
-    return [*AUX_ARGS, "--chunked-prefill-size", str(CHUNK), "--forward-hooks", json.dumps([spec])]
+
+
+def hook_args(folder: Path) -> list[str]:
+    return [
+        *AUX_ARGS,
+        "--chunked-prefill-size",
+        str(CHUNK),
+        "--forward-hooks",
+        json.dumps([hook_spec(folder)]),
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,10 @@ proxy each, so the test sees every request. The same project trains its drafter 
 processes (torchrun, gloo): from a store extracted from the servers, then online, each rank
 asking the servers for its own rows' features while it trains. Online training must ask for
 every sample once per epoch (each training row by the rank that owns it, each held-out row by
-rank 0) and nothing twice, spread over both servers, and write the store's drafter.
+rank 0) and nothing twice, spread over both servers, and write the store's drafter. The servers
+also load the project's --forward-hooks factory, and the online training runs a second time with
+the rows handed over as bytes (extract.sglang_transport: hook): again each row once, the same
+drafter.
 
 Skipped unless EAGLE3_SGLANG_PYTHON names a python with sglang 0.5.23 (tools/sglang_cpu).
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from test_online import CHECKPOINTS, DRAFTER, drafter_bytes
+from test_sglang_hook_live import hook_spec
 from test_sglang_live import (
     AUX_ARGS,
     LiveServer,
@@ -87,10 +91,15 @@ class _Forward(BaseHTTPRequestHandler):
         self._forward(body)
 
 
+HANDOVER: list[Path] = []  # the folder both servers' hooks write into
+
+
 @pytest.fixture(scope="module")
 def two_servers(tmp_path_factory) -> Iterator[list[RecordingProxy]]:
     folder = tmp_path_factory.mktemp("sglang")
-    servers = [LiveServer(AUX_ARGS, folder / f"aux-{i}.log") for i in range(2)]  # start together
+    HANDOVER.append(tmp_path_factory.mktemp("handover"))
+    args = [*AUX_ARGS, "--forward-hooks", json.dumps([hook_spec(HANDOVER[0])])]
+    servers = [LiveServer(args, folder / f"aux-{i}.log") for i in range(2)]  # start together
     proxies: list[RecordingProxy] = []
     try:
         for server in servers:
@@ -154,3 +163,18 @@ def test_online_torchrun_on_two_live_servers_asks_each_row_once_and_trains_the_s
     print(f"requests per server: {[len(a) for a in asked]}")
 
     assert online == stored
+
+    # online again, the rows handed over as bytes through the servers' hooks
+    raw["extract"] |= {"sglang_transport": "hook", "sglang_handover_dir": str(HANDOVER[0])}
+    project = make_project(tmp_path / "online-hook", raw, report_from=store_project)
+    run_ok(project, "extract")
+    run_ok(project, "vocab_map")
+    for proxy in two_servers:
+        proxy.taken()
+    hooked = train_two_ranks(project)
+    asked = [proxy.taken() for proxy in two_servers]
+    assert all(asked) and not any("return_hidden_states" in b for a in asked for b in a)
+    requested = Counter(tuple(body["input_ids"]) for bodies in asked for body in bodies)
+    assert requested == samples, f"{requested.total()} requests for {samples.total()} samples"
+    assert hooked == stored
+    assert list(HANDOVER[0].iterdir()) == []  # every piece read and removed
