@@ -7,11 +7,21 @@ not break every test that builds a project (it did once: tools/sglang_cpu)."""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+DVC = [sys.executable, "-m", "dvc"]
+# What every test git + DVC repo starts with: a committer, and DVC quiet and offline.
+GIT_DVC_INIT = (
+    ["git", "init", "-q"],
+    ["git", "config", "user.email", "ci@example.com"],
+    ["git", "config", "user.name", "ci"],
+    [*DVC, "init", "-q"],
+    [*DVC, "config", "core.analytics", "false"],
+)
 WRITTEN = {"artifacts", "metrics", "plots"}
 
 

@@ -11,7 +11,6 @@ import hashlib
 import json
 import shutil
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ import torch
 import yaml
 from background import project_env, run_detached
 from fault_harness import faults
-from project_copy import copy_code
+from project_copy import DVC, GIT_DVC_INIT, copy_code
 from tiny_drafters import tiny_drafter_config
 
 from eagle3.core.stage_commit import AREA, journal_path
@@ -28,7 +27,6 @@ from eagle3.drafter import Eagle3Drafter, export_drafter
 # the session's tiny project may be built in this module's setup (tests/test_faults.py says why)
 pytestmark = pytest.mark.timeout(1800)
 
-DVC = [sys.executable, "-m", "dvc"]
 WRITTEN = ("artifacts", "metrics", "plots")
 # Fault injection at a point, not a time: a SIGKILL of the vocab-map stage (only: DVC loads this
 # too) right after its first write into the staging area ("write"), or after the second of its
@@ -79,11 +77,7 @@ def repo(faults_stages, tmp_path_factory) -> Path:
     for rel in ("artifacts/patch-check", faults.EXTRACT, "artifacts/vocab-map", "metrics", "plots"):
         shutil.copytree(faults_stages / rel, repo / rel)
     for cmd in (
-        ["git", "init", "-q"],
-        ["git", "config", "user.email", "ci@example.com"],
-        ["git", "config", "user.name", "ci"],
-        [*DVC, "init", "-q"],
-        [*DVC, "config", "core.analytics", "false"],
+        *GIT_DVC_INIT,
         [*DVC, "repro", "dtypes"],
         [*DVC, "commit", "-f", "patch-check", "extract", "vocab-map"],
         ["git", "add", "-A"],

@@ -9,14 +9,13 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from background import project_env, run_detached, session_members, start_detached
 from fault_harness import copy_project, faults
-from project_copy import copy_code
+from project_copy import DVC, GIT_DVC_INIT, copy_code
 
 # Past the suite's 15-minute default: the session's tiny project (patch-check, extract, vocab-map;
 # conftest.py's faults_stages) may be built in the first test's setup; that test took 630 s (380 s
@@ -44,9 +43,6 @@ def test_killed_extraction_resumes_to_the_same_bytes(project):
     assert faults.digests(project, [ex, work]) == reference  # the work folder is gone
 
 
-DVC = [sys.executable, "-m", "dvc"]
-
-
 def dvc_repo(project: Path, root: Path) -> Path:
     """A git + DVC repo of this repo's pipeline and the fixture's tiny params, whose commit records
     the fixture's extraction in dvc.lock (committed as it is, not re-run)."""
@@ -55,11 +51,7 @@ def dvc_repo(project: Path, root: Path) -> Path:
     for rel in ("artifacts/patch-check", faults.EXTRACT, "metrics"):
         shutil.copytree(project / rel, repo / rel)
     for cmd in (
-        ["git", "init", "-q"],
-        ["git", "config", "user.email", "ci@example.com"],
-        ["git", "config", "user.name", "ci"],
-        [*DVC, "init", "-q"],
-        [*DVC, "config", "core.analytics", "false"],
+        *GIT_DVC_INIT,
         [*DVC, "repro", "dtypes"],
         [*DVC, "commit", "-f", "patch-check", "extract"],
         ["git", "add", "-A"],

@@ -7,18 +7,17 @@ from __future__ import annotations
 import difflib
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from background import project_env, run_detached
 from dvc.utils.hydra import apply_overrides  # what `dvc exp run -S` writes params files with
+from project_copy import DVC, GIT_DVC_INIT
 
 from eagle3.core.params import flatten
 
 REPO = Path(__file__).resolve().parents[1]
-DVC = [sys.executable, "-m", "dvc"]
 
 
 def changed_lines(diff: list[str]) -> list[str]:
@@ -74,11 +73,7 @@ def test_dvc_exp_run_set_param_leaves_a_one_line_diff(tmp_path):
     )
     env, log = project_env(), tmp_path / "dvc.log"
     for cmd in (
-        ["git", "init", "-q"],
-        ["git", "config", "user.email", "ci@example.com"],
-        ["git", "config", "user.name", "ci"],
-        [*DVC, "init", "-q"],
-        [*DVC, "config", "core.analytics", "false"],
+        *GIT_DVC_INIT,
         ["git", "add", "-A"],
         ["git", "commit", "-qm", "params"],
         [*DVC, "exp", "run", "-S", "vocab.size=16384"],
