@@ -310,6 +310,7 @@ def test_the_live_server_args_pass_the_checks(aux_server, smollm2):
         "enable_return_hidden_states": True,
         "enable_return_aux_hidden_states": True,
         "return_aux_hidden_state_layer_ids": AUX,
+        "forward_hooks": None,  # recorded: a server relaunched with a hook config is refused
     }
     # an aux server is refused where the final-norm state is wanted, and for other layers
     with pytest.raises(ValueError, match="launch it without --enable-return-aux-hidden-states"):
