@@ -1,63 +1,113 @@
-"""Draft shapes (chains and trees) against plain greedy and prompt lookup, in one run.
+"""Draft shapes (chains and trees) of one or more drafters against plain greedy and prompt
+lookup, in one run.
 
     python -m bench.trees [--drafter drafters/smollm2-135m-instruct-4m] [--prompts 24]
         [--tokens 128] [--shapes chain:2 tree:2:8:10 tree:3:6:10 ...] [--dtype float32]
+    python -m bench.trees --drafter 4m=drafters/smollm2-135m-instruct-4m --drafter deep=DIR
+        --shapes 4m:chain:2 4m:tree:2:4:6 deep:chain:3 deep:chain:5 deep:tree:5:4:8 [--json FILE]
 
-A shape is `chain:K` or `tree:K:TOPK:BUDGET[:LOOKUP]` (eval.k, eval.topk, eval.tree_budget,
-eval.lookup_tokens: a prompt-lookup branch grafted onto the tree). Each prompt
-is decoded by every decoder back to back, in rotating order, so machine noise hits all alike;
-every speculative output must equal plain greedy's (the run stops otherwise). Prints, per
-shape, the acceptance length, draft and verify ms per step and the pooled speedup, with the
-machine first: figures from another CPU do not compare.
+A shape is `[NAME:]chain:K` or `[NAME:]tree:K:TOPK:BUDGET[:LOOKUP]` (eval.k, eval.topk,
+eval.tree_budget, eval.lookup_tokens: a prompt-lookup branch grafted onto the tree); NAME picks
+a drafter given as `--drafter NAME=DIR` (default: the first). No shape may draft deeper than its
+drafter's trained TTT length. Each prompt is decoded by every decoder back to back, in rotating
+order, so machine noise hits all alike; every speculative output must equal plain greedy's (the
+run stops otherwise). Prints, per shape, the acceptance length with its 95% bootstrap interval
+over prompts, the share of steps that accept at least 1, 2, ... drafts (where a deeper level
+stops paying), draft and verify ms per step and the pooled speedup with its interval, then each
+shape minus the first, paired over the same resampled prompts. The machine comes first: figures
+from another CPU do not compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.decoding import add_decoding_args, load_pair, mtbench_prompts
+import numpy as np
+
+from bench.decoding import add_decoding_args, mtbench_prompts
+from eagle3.core.device import machine
 from eagle3.core.inputs import InputError
+from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import Generation, greedy_decode
-from eagle3.decoding.evaluate import Diverged, decode_prompts, prompt_lookup_decode
-from eagle3.decoding.setup import check_draft_depth
+from eagle3.decoding.evaluate import Diverged, decode_prompts, generation_totals, prompt_lookup_decode
+from eagle3.decoding.setup import DecodingSetup, check_draft_depth
+from eagle3.decoding.stats import acceptance_length, percentile_interval, resample_index, speedup
 from eagle3.drafter.export import trained_ttt_length
 
+MODES = ("chain", "tree")
 
-def parse_shape(text: str) -> dict:
-    """`chain:K` or `tree:K:TOPK:BUDGET[:LOOKUP]` -> SpecEngine settings."""
-    mode, *numbers = text.split(":")
+
+def parse_shape(text: str) -> tuple[str | None, dict]:
+    """`[NAME:]chain:K` or `[NAME:]tree:K:TOPK:BUDGET[:LOOKUP]` -> (drafter name or None,
+    SpecEngine settings)."""
+    fields = text.split(":")
+    name = None if fields[0] in MODES else fields.pop(0)
+    mode, *numbers = fields or [""]
     if mode == "chain" and len(numbers) == 1:
-        return {"mode": "chain", "k": int(numbers[0])}
+        return name, {"mode": "chain", "k": int(numbers[0])}
     if mode == "tree" and len(numbers) in (3, 4):
         k, topk, budget, lookup = map(int, numbers + ["0"] * (4 - len(numbers)))
-        return {"mode": "tree", "k": k, "topk": topk, "tree_budget": budget, "lookup_tokens": lookup}
-    raise SystemExit(f"bad shape {text!r}: expected chain:K or tree:K:TOPK:BUDGET[:LOOKUP]")
+        return name, {"mode": "tree", "k": k, "topk": topk, "tree_budget": budget, "lookup_tokens": lookup}
+    raise SystemExit(f"bad shape {text!r}: expected [NAME:]chain:K or [NAME:]tree:K:TOPK:BUDGET[:LOOKUP]")
+
+
+def parse_drafters(specs: list[str]) -> dict[str, Path]:
+    """`DIR` or `NAME=DIR` per --drafter -> {name: folder}; an unnamed one is named by its folder."""
+    drafters: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        path = Path(folder if sep else name)
+        name = name if sep else path.name
+        if name in drafters or name in MODES:
+            raise SystemExit(f"--drafter {spec!r}: the name {name!r} is taken; give each NAME=DIR")
+        drafters[name] = path
+    return drafters
 
 
 def rate(generations: list[Generation]) -> float:
     return sum(len(g.tokens) for g in generations) / sum(g.seconds for g in generations)
 
 
+def reach(generations: list[Generation], depth: int) -> list[float]:
+    """Per draft position 1..depth, the share of verifications that accept at least that many
+    of the drafter's own tokens: position p pays only while this stays well above 0."""
+    accepted = np.asarray([a for g in generations for a in g.drafter_accepted])
+    return [float((accepted >= p).mean()) if accepted.size else 0.0 for p in range(1, depth + 1)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--drafter", default="drafters/smollm2-135m-instruct-4m")
+    ap.add_argument("--drafter", action="append", metavar="[NAME=]DIR", help="repeatable")
     add_decoding_args(ap, prompts=24, tokens=128, lookup=4)
     ap.add_argument("--shapes", nargs="+", default=["chain:2", "tree:2:4:6", "tree:2:6:8", "tree:2:8:10"])
+    ap.add_argument("--seed", type=int, default=0, help="of the bootstrap resamples")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
-    shapes = {shape: parse_shape(shape) for shape in args.shapes}
-    if (Path(args.drafter) / "config.json").exists():  # a random drafter (no config) has no depth
-        trained = trained_ttt_length(args.drafter, default=1)
-        for shape, settings in shapes.items():
+    paths = parse_drafters(args.drafter or ["drafters/smollm2-135m-instruct-4m"])
+    first = next(iter(paths))
+    shapes: dict[str, tuple[str, dict]] = {}
+    for text in args.shapes:
+        name, settings = parse_shape(text)
+        name = name or first
+        if name not in paths:
+            raise SystemExit(f"shape {text!r}: no --drafter named {name!r} (named: {', '.join(paths)})")
+        label = text if len(paths) == 1 or text.startswith(f"{name}:") else f"{name}:{text}"
+        shapes[label] = (name, settings)
+    for label, (name, settings) in shapes.items():
+        if (paths[name] / "config.json").exists():  # a random drafter (no config) has no depth
             try:
-                check_draft_depth(settings["k"], trained)
+                check_draft_depth(settings["k"], trained_ttt_length(paths[name], default=1))
             except InputError as err:
-                raise SystemExit(f"{shape}: {err}") from None
+                raise SystemExit(f"{label}: {err}") from None
 
-    setup = load_pair(args.target, args.dtype, args.drafter, args.drafter_dtype)
-    target, eos = setup.target, setup.eos
-    engines = {shape: setup.engine(**settings) for shape, settings in shapes.items()}
+    setups = load_drafters(args, paths)
+    target, eos = setups[first].target, setups[first].eos
+    engines = {label: setups[name].engine(**settings) for label, (name, settings) in shapes.items()}
     prompts = mtbench_prompts(target, args.prompts)
     n = args.tokens
 
@@ -66,29 +116,112 @@ def main() -> None:
     ]
     if args.lookup:
         decoders.append(("lookup", lambda ids: prompt_lookup_decode(target.model, ids, n, eos, args.lookup)))
-    decoders += [(shape, lambda ids, e=e: e.generate(ids, n, eos)) for shape, e in engines.items()]
+    decoders += [(label, lambda ids, e=e: e.generate(ids, n, eos)) for label, e in engines.items()]
 
     try:
         rows = decode_prompts(decoders, prompts, must_match=list(engines))
     except Diverged as err:
         raise SystemExit(f"{err.name} diverged from plain greedy on prompt {err.index}") from None
     runs = {name: [row[name] for row in rows] for name, _ in decoders}
+    figures = summarize(runs, {label: s["k"] for label, (_, s) in shapes.items()}, args.seed)
+    report(runs, figures, args, len(prompts))
+    if args.json:
+        out = {
+            "machine": machine(),
+            "command": "python -m bench.trees " + shlex.join(sys.argv[1:]),
+            "drafters": {name: str(path) for name, path in paths.items()},
+            "settings": {label: {"drafter": name, **s} for label, (name, s) in shapes.items()},
+            "prompts": len(prompts),
+            "tokens": n,
+            "dtype": args.dtype,
+            "shapes": figures,
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"json: {args.json}")
 
+
+def load_drafters(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, DecodingSetup]:
+    """One loaded target shared by every drafter, each in the same dtype and packing."""
+    first, *others = paths
+    target = TargetParams(source=args.target, dtype=args.dtype)
+    folder = paths[first] if (paths[first] / "config.json").exists() else None
+    setups = {first: DecodingSetup.load(target, folder, args.drafter_dtype)}
+    setups |= {name: setups[first].with_drafter(paths[name]) for name in others}
+    print("machine:", machine())
+    for name, path in paths.items():
+        print(f"drafter {name}: {path}" + ("" if name != first or folder else " (random: measures overhead)"))
+    print(f"drafters in {str(setups[first].drafter_dtype).removeprefix('torch.')}")
+    return setups
+
+
+def summarize(runs: dict[str, list[Generation]], depths: dict[str, int], seed: int) -> dict[str, dict]:
+    """Per shape: acceptance length (the drafter's own share too) and speedup over plain with
+    95% bootstrap intervals over prompts; the reach of each draft position; ms per step; and,
+    for each shape after the first, its acceptance and speedup minus the first's, paired."""
+    index = resample_index(len(runs["plain"]), seed)
+    whole = np.arange(len(runs["plain"]))
+    totals = {label: generation_totals(runs[label], runs["plain"]) for label in depths}
+    sums = {label: t.sum_over(index) for label, t in totals.items()}
+    first = next(iter(depths))
+    out: dict[str, dict] = {}
+    for label, depth in depths.items():
+        gens = runs[label]
+        steps = sum(len(g.accepted) for g in gens)
+        one = totals[label].sum_over(whole)
+        entry = {
+            "acceptance_length": float(acceptance_length(one)),
+            "acceptance_length_ci": percentile_interval(acceptance_length(sums[label])),
+            "drafter_acceptance_length": 1 + sum(sum(g.drafter_accepted) for g in gens) / steps,
+            "reach": reach(gens, depth),
+            "draft_ms_per_step": 1000 * sum(g.draft_s for g in gens) / steps,
+            "verify_ms_per_step": 1000 * sum(g.verify_s for g in gens) / steps,
+            "speedup": float(speedup(one)),
+            "speedup_ci": percentile_interval(speedup(sums[label])),
+        }
+        if label != first:
+            base = totals[first].sum_over(whole)
+            entry["acceptance_length_minus_first"] = float(acceptance_length(one) - acceptance_length(base))
+            entry["acceptance_length_minus_first_ci"] = percentile_interval(
+                acceptance_length(sums[label]) - acceptance_length(sums[first])
+            )
+            entry["speedup_minus_first"] = float(speedup(one) - speedup(base))
+            entry["speedup_minus_first_ci"] = percentile_interval(speedup(sums[label]) - speedup(sums[first]))
+        out[label] = entry
+    return out
+
+
+def _ci(iv: dict[str, float] | None, fmt: str = ".2f") -> str:
+    return f"[{iv['lo']:{fmt}}, {iv['hi']:{fmt}}]" if iv else "[n/a]"
+
+
+def report(
+    runs: dict[str, list[Generation]], figures: dict[str, dict], args: argparse.Namespace, n: int
+) -> None:
     base = rate(runs["plain"])
-    print(f"plain greedy: {base:.2f} tok/s ({1000 / base:.1f} ms/token), {len(prompts)} prompts x {n} tokens")
+    print(f"plain greedy: {base:.2f} tok/s ({1000 / base:.1f} ms/token), {n} prompts x {args.tokens} tokens")
     if args.lookup:
         print(f"prompt lookup ({args.lookup} tokens): {rate(runs['lookup']) / base:.3f}x")
     # "drafter" = the drafter's own share of the acceptance length (the lookup branch's excluded)
-    print(f"{'shape':<14} {'accept len':>10} {'drafter':>8} {'draft ms':>9} {'verify ms':>10} {'speedup':>8}")
-    for shape in engines:
-        gens = runs[shape]
-        steps = sum(len(g.accepted) for g in gens)
-        accept = 1 + sum(sum(g.accepted) for g in gens) / steps
-        own = 1 + sum(sum(g.drafter_accepted) for g in gens) / steps
-        draft_ms = 1000 * sum(g.draft_s for g in gens) / steps
-        verify_ms = 1000 * sum(g.verify_s for g in gens) / steps
-        speedup = rate(gens) / base
-        print(f"{shape:<14} {accept:>10.3f} {own:>8.3f} {draft_ms:>9.1f} {verify_ms:>10.1f} {speedup:>7.3f}x")
+    width = max(14, *map(len, figures))
+    print(
+        f"{'shape':<{width}} {'accept len [95% CI]':>22} {'drafter':>8} {'draft ms':>9} {'verify ms':>10} "
+        f"{'speedup [95% CI]':>24}  share of steps accepting >= 1, 2, ..."
+    )
+    for label, f in figures.items():
+        accept = f"{f['acceptance_length']:.3f} {_ci(f['acceptance_length_ci'])}"
+        spd = f"{f['speedup']:.3f}x {_ci(f['speedup_ci'])}"
+        share = " ".join(f"{r:.3f}" for r in f["reach"])
+        print(
+            f"{label:<{width}} {accept:>22} {f['drafter_acceptance_length']:>8.3f} "
+            f"{f['draft_ms_per_step']:>9.1f} {f['verify_ms_per_step']:>10.1f} {spd:>24}  {share}"
+        )
+    first = next(iter(figures))
+    for label, f in list(figures.items())[1:]:
+        print(
+            f"{label} - {first}: acceptance {f['acceptance_length_minus_first']:+.3f} "
+            f"{_ci(f['acceptance_length_minus_first_ci'], '+.3f')}, speedup {f['speedup_minus_first']:+.3f} "
+            f"{_ci(f['speedup_minus_first_ci'], '+.3f')} (paired)"
+        )
 
 
 if __name__ == "__main__":
