@@ -154,6 +154,53 @@ def test_ttt_attention_fast_path_equals_reference_with_gradients():
         torch.testing.assert_close(gf, gr, rtol=0, atol=1e-12)
 
 
+def _max_errors(form, device: str, dtype: torch.dtype) -> list[tuple[float, float]]:
+    """Per output and gradient (q, k0, v0, 3 diagonal k, 3 diagonal v): the max error of `form`
+    and of the masked reference form, both in `dtype` on `device`, against float64 on the CPU."""
+    torch.manual_seed(0)
+    b, h, t, d = 2, 4, 300, 64
+    exact = [torch.randn(b, h, t, d, dtype=torch.float64, requires_grad=True) for _ in range(3 + 2 * 3)]
+    w = torch.randn(b, h, t, d, dtype=torch.float64)
+
+    def run(f, leaves, weight):
+        out = f(leaves[0], leaves[1], leaves[2], leaves[3:6], leaves[6:9])
+        return [out, *torch.autograd.grad((out * weight).sum(), leaves)]
+
+    want = run(ttt_attention_reference, exact, w)
+    low = [x.detach().to(device, dtype).requires_grad_() for x in exact]
+    got = run(form, low, w.to(device, dtype))
+    masked = run(ttt_attention_reference, low, w.to(device, dtype))
+    return [
+        ((g.double().cpu() - e).abs().max().item(), (m.double().cpu() - e).abs().max().item())
+        for g, m, e in zip(got, masked, want, strict=True)
+    ]
+
+
+def test_ttt_attention_merged_form_in_bf16_is_as_close_as_the_masked_form():
+    """The merge's low-precision path (float32 merge of a bf16 flash kernel's output, as on CUDA)
+    on the CPU flash kernel: no worse than the reference form in bf16, forward and gradients."""
+    from eagle3.drafter.ttt_attention import CPU_FLASH, _MergedTTTAttention
+
+    def merged(q, k0, v0, kd, vd):
+        scale = q.shape[-1] ** -0.5
+        return _MergedTTTAttention.apply(q, k0, v0, torch.stack(kd, 3), torch.stack(vd, 3), scale, CPU_FLASH)
+
+    for merged_err, masked_err in _max_errors(merged, "cpu", torch.bfloat16):
+        assert merged_err <= 1.5 * masked_err, (merged_err, masked_err)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tools/gpu_check.sh runs it)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ttt_attention_merged_form_on_cuda_equals_the_reference(dtype):
+    """On CUDA the merged flash form runs (its one-time check passed) and is as close to the
+    float64 reference as the masked reference form in the same dtype, forward and every gradient."""
+    from eagle3.drafter.ttt_attention import CUDA_FLASH, merged_kernel
+
+    assert merged_kernel(torch.zeros(1, 1, 8, 64, device="cuda", dtype=dtype)) is CUDA_FLASH
+    for merged_err, masked_err in _max_errors(ttt_attention, "cuda", dtype):
+        assert merged_err <= 2 * masked_err + 1e-3, (merged_err, masked_err)
+
+
 @pytest.mark.parametrize("eagle31", [False, True])
 def test_ttt_step_matches_inference_with_a_cache(eagle31):
     """Step k of the TTT unroll at position t equals drafting k tokens after the prefix 0..t

@@ -24,3 +24,9 @@ PY
 timeout 240 python3 bench/train.py --device cuda --target /tmp/kimi-k2.5-text --batch 1 --seq 2048 --ttt 7 \
     --dtype bfloat16 --steps 3 --draft-vocab 32768 --vocab-grid 16384 32768 65536 163840 2>&1 | tee "$out/bench-train-kimi.log"
 CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_train.py tests/test_simulate.py 2>&1 | tee "$out/pytest-train.log"
+# TTT cost at long samples (the merged flash form on CUDA; its test above ran first): the step at
+# TTT 1 and 7 at 2K, 8K and 32K tokens, Kimi-K2.5's drafter at a 32K draft vocabulary, bf16
+for seq in 2048 8192 32768; do
+  timeout 150 python3 -m bench.ttt --device cuda --target /tmp/kimi-k2.5-text --draft-vocab 32768 --dtype bfloat16 \
+      --batch 1 --seq $seq --ttt-grid 1 7 --rounds 2 --json "$out/ttt-$seq.json" 2>&1 | tee "$out/bench-ttt-$seq.log"
+done
