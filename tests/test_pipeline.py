@@ -137,5 +137,8 @@ def test_invalid_params_fail_clearly_and_write_nothing(project, overrides, messa
         write_params(project, TINY)
     assert failed.returncode != 0
     assert message in " ".join((failed.stdout + failed.stderr).split())
+    # refused by the first stage, before the dtypes stage measures (a loaded machine may decide
+    # another dtype) and before any later stage starts
+    assert "Running stage 'patch-check'" not in failed.stdout, failed.stdout
     after = {p: p.read_bytes() for p in (project / "artifacts").rglob("*") if p.is_file()}
     assert after == before and (project / "dvc.lock").read_bytes() == lock
