@@ -46,6 +46,18 @@ def load_pair(
     return setup
 
 
+def load_drafters(
+    source: str, dtype: str, paths: dict[str, Path], drafter_dtype: str
+) -> dict[str, DecodingSetup]:
+    """Several drafters on one loaded target, each in the first's dtype and packing ({name:
+    setup}, in the order given); the first may be a folder without an export (a random drafter:
+    the engine's overhead)."""
+    first, *others = paths
+    folder = paths[first] if (paths[first] / "config.json").exists() else None
+    setups = {first: DecodingSetup.load(TargetParams(source=source, dtype=dtype), folder, drafter_dtype)}
+    return setups | {name: setups[first].with_drafter(paths[name]) for name in others}
+
+
 def mtbench_prompts(target: Target, n: int) -> list[tuple[str, list[int]]]:
     """(id, token ids) of the first n MT-bench prompts (one per category in turn), rendered as
     speculative-eval renders them."""

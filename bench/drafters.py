@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.decoding import DraftShape, add_decoding_args, mtbench_prompts
+from bench.decoding import DraftShape, add_decoding_args, load_drafters, mtbench_prompts
 from eagle3.core.device import machine
-from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import decode_prompts, generation_totals, prompt_lookup_decode
-from eagle3.decoding.setup import DecodingSetup, check_draft_depth
+from eagle3.decoding.setup import check_draft_depth
 from eagle3.decoding.stats import Totals, acceptance_length, percentile_interval, resample_index, speedup
 from eagle3.drafter.export import load_drafter_config, trained_ttt_length
 
@@ -107,9 +106,8 @@ def main() -> None:
     paths = dict(zip(labels(len(args.drafters)), map(Path, args.drafters), strict=True))
     for path in paths.values():
         check_draft_depth(args.k, trained_ttt_length(path, default=1))
-    target = TargetParams(source=args.target, dtype=args.dtype)
-    setup_a = DecodingSetup.load(target, paths["A"], args.drafter_dtype)
-    setups = {name: setup_a if name == "A" else setup_a.with_drafter(path) for name, path in paths.items()}
+    setups = load_drafters(args.target, args.dtype, paths, args.drafter_dtype)
+    setup_a = setups["A"]
     settings = {"mode": args.mode, "k": args.k, "topk": args.topk, "tree_budget": args.budget}
     settings["lookup_tokens"] = args.lookup_branch
     engines = {name: s.engine(**settings) for name, s in setups.items()}

@@ -29,13 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.decoding import add_decoding_args, mtbench_prompts
+from bench.decoding import add_decoding_args, load_drafters, mtbench_prompts
 from eagle3.core.device import machine
 from eagle3.core.inputs import InputError
-from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import Diverged, decode_prompts, generation_totals, prompt_lookup_decode
-from eagle3.decoding.setup import DecodingSetup, check_draft_depth
+from eagle3.decoding.setup import check_draft_depth
 from eagle3.decoding.stats import acceptance_length, percentile_interval, resample_index, speedup
 from eagle3.drafter.export import trained_ttt_length
 
@@ -105,7 +104,12 @@ def main() -> None:
             except InputError as err:
                 raise SystemExit(f"{label}: {err}") from None
 
-    setups = load_drafters(args, paths)
+    setups = load_drafters(args.target, args.dtype, paths, args.drafter_dtype)
+    print("machine:", machine())
+    for name, path in paths.items():
+        random = "" if (path / "config.json").exists() else " (random: measures overhead)"
+        print(f"drafter {name}: {path}{random}")
+    print(f"drafters in {str(setups[first].drafter_dtype).removeprefix('torch.')}")
     target, eos = setups[first].target, setups[first].eos
     engines = {label: setups[name].engine(**settings) for label, (name, settings) in shapes.items()}
     prompts = mtbench_prompts(target, args.prompts)
@@ -138,20 +142,6 @@ def main() -> None:
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         print(f"json: {args.json}")
-
-
-def load_drafters(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, DecodingSetup]:
-    """One loaded target shared by every drafter, each in the same dtype and packing."""
-    first, *others = paths
-    target = TargetParams(source=args.target, dtype=args.dtype)
-    folder = paths[first] if (paths[first] / "config.json").exists() else None
-    setups = {first: DecodingSetup.load(target, folder, args.drafter_dtype)}
-    setups |= {name: setups[first].with_drafter(paths[name]) for name in others}
-    print("machine:", machine())
-    for name, path in paths.items():
-        print(f"drafter {name}: {path}" + ("" if name != first or folder else " (random: measures overhead)"))
-    print(f"drafters in {str(setups[first].drafter_dtype).removeprefix('torch.')}")
-    return setups
 
 
 def summarize(runs: dict[str, list[Generation]], depths: dict[str, int], seed: int) -> dict[str, dict]:
