@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.decoding import add_decoding_args, load_drafters, mtbench_prompts
+from bench.drafters import summarize as paired_figures
 from eagle3.core.device import machine
 from eagle3.core.inputs import InputError
 from eagle3.decoding.engine import Generation, greedy_decode
-from eagle3.decoding.evaluate import Diverged, decode_prompts, generation_totals, prompt_lookup_decode
+from eagle3.decoding.evaluate import Diverged, decode_prompts, prompt_lookup_decode
 from eagle3.decoding.setup import check_draft_depth
-from eagle3.decoding.stats import acceptance_length, percentile_interval, resample_index, speedup
 from eagle3.drafter.export import trained_ttt_length
 
 MODES = ("chain", "tree")
@@ -127,7 +127,7 @@ def main() -> None:
     except Diverged as err:
         raise SystemExit(f"{err.name} diverged from plain greedy on prompt {err.index}") from None
     runs = {name: [row[name] for row in rows] for name, _ in decoders}
-    figures = summarize(runs, {label: s["k"] for label, (_, s) in shapes.items()}, args.seed)
+    figures = summarize(rows, {label: s["k"] for label, (_, s) in shapes.items()}, args.seed)
     report(runs, figures, args, len(prompts))
     if args.json:
         out = {
@@ -144,39 +144,22 @@ def main() -> None:
         print(f"json: {args.json}")
 
 
-def summarize(runs: dict[str, list[Generation]], depths: dict[str, int], seed: int) -> dict[str, dict]:
-    """Per shape: acceptance length (the drafter's own share too) and speedup over plain with
-    95% bootstrap intervals over prompts; the reach of each draft position; ms per step; and,
-    for each shape after the first, its acceptance and speedup minus the first's, paired."""
-    index = resample_index(len(runs["plain"]), seed)
-    whole = np.arange(len(runs["plain"]))
-    totals = {label: generation_totals(runs[label], runs["plain"]) for label in depths}
-    sums = {label: t.sum_over(index) for label, t in totals.items()}
-    first = next(iter(depths))
+def summarize(rows: list[dict[str, Generation]], depths: dict[str, int], seed: int) -> dict[str, dict]:
+    """Per shape: bench/drafters.py's figures (acceptance length and speedup over plain with 95%
+    bootstrap intervals over prompts; after the first shape, both minus the first's, paired),
+    plus the drafter's own share of the acceptance, the reach of each draft position and the
+    ms per step."""
+    paired = paired_figures(rows, list(depths), lookup=False, seed=seed)["decoders"]
     out: dict[str, dict] = {}
     for label, depth in depths.items():
-        gens = runs[label]
+        gens = [row[label] for row in rows]
         steps = sum(len(g.accepted) for g in gens)
-        one = totals[label].sum_over(whole)
-        entry = {
-            "acceptance_length": float(acceptance_length(one)),
-            "acceptance_length_ci": percentile_interval(acceptance_length(sums[label])),
+        out[label] = paired[label] | {
             "drafter_acceptance_length": 1 + sum(sum(g.drafter_accepted) for g in gens) / steps,
             "reach": reach(gens, depth),
             "draft_ms_per_step": 1000 * sum(g.draft_s for g in gens) / steps,
             "verify_ms_per_step": 1000 * sum(g.verify_s for g in gens) / steps,
-            "speedup": float(speedup(one)),
-            "speedup_ci": percentile_interval(speedup(sums[label])),
         }
-        if label != first:
-            base = totals[first].sum_over(whole)
-            entry["acceptance_length_minus_first"] = float(acceptance_length(one) - acceptance_length(base))
-            entry["acceptance_length_minus_first_ci"] = percentile_interval(
-                acceptance_length(sums[label]) - acceptance_length(sums[first])
-            )
-            entry["speedup_minus_first"] = float(speedup(one) - speedup(base))
-            entry["speedup_minus_first_ci"] = percentile_interval(speedup(sums[label]) - speedup(sums[first]))
-        out[label] = entry
     return out
 
 
@@ -208,9 +191,10 @@ def report(
     first = next(iter(figures))
     for label, f in list(figures.items())[1:]:
         print(
-            f"{label} - {first}: acceptance {f['acceptance_length_minus_first']:+.3f} "
-            f"{_ci(f['acceptance_length_minus_first_ci'], '+.3f')}, speedup {f['speedup_minus_first']:+.3f} "
-            f"{_ci(f['speedup_minus_first_ci'], '+.3f')} (paired)"
+            f"{label} - {first}: acceptance {f['acceptance_length_minus_reference']:+.3f} "
+            f"{_ci(f['acceptance_length_minus_reference_ci'], '+.3f')}, "
+            f"speedup {f['speedup_minus_reference']:+.3f} "
+            f"{_ci(f['speedup_minus_reference_ci'], '+.3f')} (paired)"
         )
 
 
