@@ -37,7 +37,7 @@ from bench.decoding import DraftShape, add_decoding_args, load_drafters, mtbench
 from eagle3.core.device import machine
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import decode_prompts, generation_totals, prompt_lookup_decode
-from eagle3.decoding.setup import check_draft_depth
+from eagle3.decoding.setup import depth_warning
 from eagle3.decoding.stats import Totals, acceptance_length, percentile_interval, resample_index, speedup
 from eagle3.drafter.export import load_drafter_config, trained_ttt_length
 
@@ -104,8 +104,9 @@ def main() -> None:
         ap.error("drafters: two to 26 folders (the first is the reference)")
 
     paths = dict(zip(labels(len(args.drafters)), map(Path, args.drafters), strict=True))
-    for path in paths.values():
-        check_draft_depth(args.k, trained_ttt_length(path, default=1))
+    for name, path in paths.items():
+        if warning := depth_warning(args.k, trained_ttt_length(path, default=1)):
+            print(f"{name} ({path}): {warning}")
     setups = load_drafters(args.target, args.dtype, paths, args.drafter_dtype)
     setup_a = setups["A"]
     settings = {"mode": args.mode, "k": args.k, "topk": args.topk, "tree_budget": args.budget}

@@ -32,10 +32,9 @@ import numpy as np
 from bench.decoding import add_decoding_args, load_drafters, mtbench_prompts
 from bench.drafters import summarize as paired_figures
 from eagle3.core.device import machine
-from eagle3.core.inputs import InputError
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import Diverged, decode_prompts, prompt_lookup_decode
-from eagle3.decoding.setup import check_draft_depth
+from eagle3.decoding.setup import depth_warning
 from eagle3.drafter.export import trained_ttt_length
 
 MODES = ("chain", "tree")
@@ -99,10 +98,8 @@ def main() -> None:
         shapes[label] = (name, settings)
     for label, (name, settings) in shapes.items():
         if (paths[name] / "config.json").exists():  # a random drafter (no config) has no depth
-            try:
-                check_draft_depth(settings["k"], trained_ttt_length(paths[name], default=1))
-            except InputError as err:
-                raise SystemExit(f"{label}: {err}") from None
+            if warning := depth_warning(settings["k"], trained_ttt_length(paths[name], default=1)):
+                print(f"{label}: {warning}")
 
     setups = load_drafters(args.target, args.dtype, paths, args.drafter_dtype)
     print("machine:", machine())

@@ -17,7 +17,7 @@ from eagle3.core.tracking import pipeline_run
 from eagle3.decoding.evaluate import EvalOutcome, unexplained
 from eagle3.decoding.prompts import load_prompts
 from eagle3.decoding.report import write_acceptance_plot
-from eagle3.decoding.setup import eval_drafter
+from eagle3.decoding.setup import drafter_depth, eval_drafter
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/speculative-eval")
@@ -31,11 +31,15 @@ def main() -> None:
     with reported_failures("speculative-eval"), staged_outputs("speculative-eval") as staged:
         # Everything checkable without the model first: bad input fails in milliseconds.
         prompts = load_prompts(ev.prompts_file, ev.num_prompts, ev.categories)
-        drafter_dir = eval_drafter(params)  # refuses eval.k past the drafter's trained TTT length
+        drafter_dir = eval_drafter(params)
+        untrained, warning = drafter_depth(params, drafter_dir)  # deeper than trained: served, noted
+        if warning:
+            console.print(f"[yellow]{warning}[/yellow]")
         evaluate = backend_for(ev.backend).evaluate
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"speculative-eval ({ev.backend})", total=len(prompts))
             outcome = evaluate(params, prompts, drafter_dir, lambda _: progress.advance(task))
+        outcome.metrics["untrained_steps"] = untrained
         publish(params, outcome, staged)
         for line in outcome.report:
             console.print(line)

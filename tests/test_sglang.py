@@ -740,8 +740,6 @@ def test_serve_command_matches_the_eval_params(tmp_path):
 
 def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch(tmp_path):
     from eagle3.cli.serve import serve_commands
-    from eagle3.core.inputs import InputError
-
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     config = {"architectures": ["LlamaForCausalLMEagle3"]}
@@ -752,11 +750,12 @@ def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch
     params = parse_params({"train": {"ttt_length": 1}, "eval": tree | {"lookup_tokens": 4}})
     notes = serve_commands(params, str(shipped))["notes"]
     assert "prompt-lookup branch" in notes
-    # k past the trained TTT length is refused, as speculative-eval refuses it
+    # k past the trained TTT length is served, as SGLang serves it, with the warning in the notes
     (shipped / "params.yaml").write_text(yaml.safe_dump({"train": {"ttt_length": 1}}))
     alone = parse_params({"eval": tree | {"lookup_tokens": 0}})
-    with pytest.raises(InputError, match=r"eval.k: 2 exceeds the drafter's trained TTT length \(1\)"):
-        serve_commands(alone, str(shipped))
+    deeper = serve_commands(alone, str(shipped))
+    assert "--speculative-num-steps 2" in deeper["sglang"]
+    assert "draft step 2 were never trained" in deeper["notes"] and "untrained_steps: 1" in deeper["notes"]
     # the exported config's own record wins over a params.yaml beside it
     (shipped / "config.json").write_text(json.dumps(config | {"eagle_config": {"ttt_length": 2}}))
     assert "prompt-lookup" not in serve_commands(alone, str(shipped))["notes"]

@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 
 from eagle3.core.params import Params
-from eagle3.decoding.setup import eval_drafter
+from eagle3.decoding.setup import drafter_depth, eval_drafter
 from eagle3.drafter.config import ARCHITECTURE
 from eagle3.drafter.export import CONFIG
 from eagle3.sglang.speculative import eagle3_flags, eagle3_shape
@@ -24,7 +24,7 @@ from eagle3.verifier.load import resolve_target
 
 def drafter_folder(params: Params, drafter: str | None = None) -> Path:
     """The drafter to serve: the argument, else eval.drafter, else the train stage's, refused as
-    speculative-eval refuses it (eval.k past its trained TTT length) and unless it is EAGLE-3."""
+    speculative-eval refuses it and unless it is EAGLE-3."""
     folder = eval_drafter(params, drafter)
     architectures = json.loads((folder / CONFIG).read_text()).get("architectures", [])
     if architectures != [ARCHITECTURE]:
@@ -50,6 +50,8 @@ def serve_commands(
     vllm = ["vllm", "serve", target, "--tensor-parallel-size", str(tp), "--port", str(port)]
     vllm += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     notes = []
+    if warning := drafter_depth(params, Path(folder))[1]:
+        notes.append(warning)
     if params.eval.mode == "tree":
         notes.append("vLLM drafts a chain of num_speculative_tokens; the tree shape applies to SGLang only")
     if params.eval.lookup_tokens:

@@ -290,7 +290,8 @@ class EvalParams(Section):
     # one-token step (oneDNN-packed float32), so trying the drafter's top-k at once and a
     # prompt-lookup branch pays (python -m bench.trees; docs/results.md).
     mode: Literal["chain", "tree"] = "tree"
-    # Chain: tokens drafted per step. Tree: depth of the draft tree (<= train.ttt_length).
+    # Chain: tokens drafted per step. Tree: depth of the draft tree. Past the drafter's trained TTT
+    # length it is served as SGLang serves it, with a warning and `untrained_steps` in the metrics.
     k: int = Field(default=1, ge=1, le=32)
     # Tree only: children expanded per node and total draft tokens verified per step.
     topk: int = Field(default=8, ge=1, le=64)

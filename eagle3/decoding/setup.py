@@ -1,8 +1,9 @@
 """Decoding the target with a drafter, set up once for everyone who does it: speculative-eval
 (both backends), the benches (bench/decoding.py, trees.py, drafters.py) and `eagle3 serve-command`.
 
-- which drafter, and the one rule on its depth: eval.k draft steps may not exceed the TTT length
-  the drafter was trained with, because the steps past it were never trained;
+- which drafter, and what its depth means: eval.k draft steps past the TTT length the drafter was
+  trained with are served as SGLang and EAGLE serve them (a fair question to measure, e.g. two
+  drafters at one shape), with a warning and the count of untrained steps in the metrics;
 - the target and the drafter in their decoding dtypes, the drafter checked against the target,
   both oneDNN-packed (one packed target serves the baseline, the engine and the peer);
 - prompts rendered as extraction renders a training prompt, and the engine of the eval params.
@@ -31,19 +32,26 @@ TRAINED_DRAFTER = Path("artifacts/train/drafter")
 UNTRAINED_DRAFT_VOCAB = 8192
 
 
-def check_draft_depth(k: int, ttt_length: int) -> None:
-    """eval.k against the drafter's trained TTT length: the one rule, for every backend and the
-    serving commands."""
-    if k > ttt_length:
-        raise InputError(
-            f"eval.k: {k} exceeds the drafter's trained TTT length ({ttt_length}): draft steps "
-            f"{ttt_length + 1}..{k} were never trained; set eval.k <= {ttt_length}"
-        )
+def untrained_steps(k: int, ttt_length: int) -> int:
+    """Draft steps of a depth-`k` draft that the drafter's TTT unroll never trained."""
+    return max(0, k - ttt_length)
+
+
+def depth_warning(k: int, ttt_length: int) -> str | None:
+    """The one warning on depth, for every backend, bench and serving command: None when the
+    drafter was trained for all `k` steps."""
+    if not (extra := untrained_steps(k, ttt_length)):
+        return None
+    steps = f"step {k}" if extra == 1 else f"steps {ttt_length + 1}..{k}"
+    return (
+        f"warning: eval.k {k} is deeper than the drafter's trained TTT length ({ttt_length}): draft "
+        f"{steps} were never trained (served as SGLang serves them; recorded as untrained_steps: {extra})"
+    )
 
 
 def eval_drafter(params: Params, folder: str | None = None) -> Path:
     """The drafter to evaluate or serve: `folder`, else eval.drafter, else the train stage's;
-    refused unless it is an exported drafter trained for eval.k draft steps."""
+    refused unless it is an exported drafter (its depth: drafter_depth)."""
     path = Path(folder or params.eval.drafter or TRAINED_DRAFTER)
     if not (path / CONFIG).exists():
         if folder or params.eval.drafter:
@@ -51,8 +59,13 @@ def eval_drafter(params: Params, folder: str | None = None) -> Path:
         else:
             hint = "run the train stage first"
         raise FileNotFoundError(f"{path} holds no exported drafter ({CONFIG} is missing): {hint}")
-    check_draft_depth(params.eval.k, trained_ttt_length(path, params.train.ttt_length))
     return path
+
+
+def drafter_depth(params: Params, drafter_dir: Path) -> tuple[int, str | None]:
+    """(untrained_steps, warning or None) of serving `drafter_dir` at eval.k draft steps."""
+    trained = trained_ttt_length(drafter_dir, params.train.ttt_length)
+    return untrained_steps(params.eval.k, trained), depth_warning(params.eval.k, trained)
 
 
 def engine_settings(ev: EvalParams) -> dict:

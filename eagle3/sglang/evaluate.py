@@ -58,8 +58,7 @@ from eagle3.decoding.evaluate import (
 )
 from eagle3.decoding.prompts import Prompt, render_prompts
 from eagle3.decoding.report import category_table, interval_line
-from eagle3.decoding.setup import check_draft_depth
-from eagle3.drafter.export import load_drafter_config, trained_ttt_length
+from eagle3.drafter.export import load_drafter_config
 from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.launch import (
     Launch,
@@ -130,7 +129,6 @@ def check_inputs(params: Params, drafter_dir: Path) -> tuple[SpecShape, object]:
     target_config = AutoConfig.from_pretrained(resolve_target(params.target.source), trust_remote_code=remote)
     if why := drafter_refusal(drafter_dir, target_config):
         raise InputError(f"{drafter_dir}: SGLang cannot load this drafter as trained: {why}")
-    check_draft_depth(ev.k, trained_ttt_length(drafter_dir, params.train.ttt_length))
     shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)
     if why := servable(shape):
         raise InputError(f"eval.tree_budget: {ev.tree_budget}: SGLang cannot serve this tree: {why}")
