@@ -52,7 +52,7 @@ TINY = {
     "extract": {"shard_samples": 2, "batch_tokens": 128, "pack_weights": False},
     "vocab": {"size": 500},
     "train": {"dtype": "float32", "batch_size": 2, "seq_len": 64, "epochs": 3, "checkpoint_every": 3},
-    "eval": {"num_prompts": 2, "max_new_tokens": 16, "dtype": "float32", "drafter_dtype": "float32"},
+    "eval": {"domains": {"chat": 1}, "max_new_tokens": 16, "dtype": "float32", "drafter_dtype": "float32"},
     "tracking": {"enabled": False},
 }
 EXTRACT = "artifacts/extract"

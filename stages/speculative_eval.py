@@ -14,14 +14,16 @@ from eagle3.core.params import Params
 from eagle3.core.stage_commit import StagedOutputs, staged_outputs
 from eagle3.core.stageio import metrics_path, write_json
 from eagle3.core.tracking import pipeline_run
-from eagle3.decoding.evaluate import EvalOutcome, unexplained
-from eagle3.decoding.prompts import load_prompts
+from eagle3.decoding.domains import load_domains, token_counter
+from eagle3.decoding.evaluate import EvalOutcome, headline_by_domain, unexplained
 from eagle3.decoding.report import write_acceptance_plot
 from eagle3.decoding.setup import drafter_depth, eval_drafter
 from stages.common import console, reported_failures, validated_params
 
 OUT = Path("artifacts/speculative-eval")
 PLOT_CSV, PLOT_PNG = Path("plots/acceptance.csv"), Path("plots/acceptance.png")
+# What `dvc exp show` leads with: acceptance and speedup per domain (first in dvc.yaml's metrics).
+DOMAINS_METRICS = Path("metrics/domains.json")
 
 
 def main() -> None:
@@ -30,7 +32,8 @@ def main() -> None:
     # staged_outputs: all outputs replaced together at the end, none when the stage fails
     with reported_failures("speculative-eval"), staged_outputs("speculative-eval") as staged:
         # Everything checkable without the model first: bad input fails in milliseconds.
-        prompts = load_prompts(ev.prompts_file, ev.num_prompts, ev.categories)
+        counter = token_counter(params.target) if "long" in ev.domains else None
+        prompts = load_domains(ev, params.data, counter)
         drafter_dir = eval_drafter(params)
         untrained, warning = drafter_depth(params, drafter_dir)  # deeper than trained: served, noted
         if warning:
@@ -54,6 +57,7 @@ def publish(params: Params, outcome: EvalOutcome, staged: StagedOutputs) -> None
     write_json(results, {"prompts": outcome.rows})
     write_acceptance_plot(outcome.metrics["per_position_acceptance"], staged.path(PLOT_CSV), png)
     write_json(staged.path(metrics_path("speculative-eval")), outcome.metrics)
+    write_json(staged.path(DOMAINS_METRICS), headline_by_domain(outcome.metrics))
     with pipeline_run(params, "speculative-eval") as mlrun:
         mlrun.log_metrics(outcome.metrics)
         mlrun.set_tags(outcome.tags)

@@ -44,7 +44,7 @@ def test_mtbench_first_turns_round_robin_over_categories():
 
 
 def test_more_prompts_than_available_fails_clearly():
-    with pytest.raises(ValueError, match=r"eval.num_prompts: 81 is more than the 80 prompts available"):
+    with pytest.raises(ValueError, match=r"eval.domains.file: 81 is more than the 80 prompts available"):
         load_prompts(None, 81)
     with pytest.raises(
         ValueError, match=r"11 is more than the 10 prompts available in categories \['math'\]"

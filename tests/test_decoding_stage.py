@@ -17,7 +17,7 @@ import stages.speculative_eval  # noqa: E402
     "eval_params,message",
     [
         ({"k": 0}, "eval.k"),
-        ({"prompts_file": "empty.jsonl"}, "holds no prompts"),
+        ({"prompts_file": "empty.jsonl", "domains": {"file": 1}}, "holds no prompts"),
         (
             {"categories": ["math", "poetry"]},
             "eval.categories: unknown ['poetry'] (allowed: any of ['writing',",

@@ -328,7 +328,7 @@ PIPELINE = {
     "train": {"epochs": 1, "dtype": "float32", "seq_len": 64},
     # two MT-bench prompts x 8 tokens, the engine against plain greedy (no prompt-lookup peer)
     "eval": {
-        "num_prompts": 2,
+        "domains": {"chat": 1},  # one MT-bench conversation: its first and second turn
         "max_new_tokens": 8,
         "dtype": "float32",
         "drafter_dtype": "float32",

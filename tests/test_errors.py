@@ -69,7 +69,7 @@ def test_input_errors_are_one_line(capsys, err, code, message):
 
 def test_a_value_error_the_project_raises_is_one_line(capsys):
     code, stderr = failed("speculative-eval", lambda: load_prompts(None, 0), capsys)
-    assert code == 1 and stderr == "speculative-eval failed: eval.num_prompts must be >= 1 (got 0)\n"
+    assert code == 1 and stderr == "speculative-eval failed: eval.domains.file must be >= 1 (got 0)\n"
 
 
 # --- bugs: the traceback, then one line ----------------------------------------------------------

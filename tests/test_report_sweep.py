@@ -21,7 +21,7 @@ from eagle3.cli.command import main
 SWEEP = TINY | {
     "extract": TINY["extract"] | {"pack_weights": False},
     "train": {"epochs": 1, "seq_len": 40, "batch_size": 2, "warmup_steps": 0, "dtype": "float32"},
-    "eval": {"num_prompts": 1, "max_new_tokens": 8, "dtype": "float32", "drafter_dtype": "float32"},
+    "eval": {"domains": {"code": 1}, "max_new_tokens": 8, "dtype": "float32", "drafter_dtype": "float32"},
 }
 SIZES = (200, 400)
 # The two workers run at once: each experiment's stages get their share of the cores. Torch's

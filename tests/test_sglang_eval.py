@@ -21,7 +21,7 @@ from project_copy import copy_code
 
 from eagle3.cli.serve import serve_commands
 from eagle3.core.params import ParamsError, parse_params
-from eagle3.decoding.prompts import load_prompts
+from eagle3.decoding.prompts import load_prompts, mtbench_path
 from eagle3.sglang.client import SGLangError
 from eagle3.sglang.evaluate import (
     NOT_MEASURED,
@@ -123,7 +123,9 @@ def params_for(urls: dict[str, str] | None = None, **eval_params):
     ev = {
         "backend": "sglang",
         "drafter": str(DRAFTER),
-        "num_prompts": NUM,
+        # the recorded prompts: MT-bench's first turns, as a file domain (no second turns to replay)
+        "domains": {"file": NUM},
+        "prompts_file": str(mtbench_path()),
         "max_new_tokens": MAX_NEW,
         "mode": "tree",
         "k": 2,

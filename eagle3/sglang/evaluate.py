@@ -53,11 +53,12 @@ from eagle3.decoding.evaluate import (
     EvalRun,
     PromptResult,
     eval_coverage,
+    per_domain,
     summarize,
     summarize_spread,
 )
-from eagle3.decoding.prompts import Prompt, render_prompts
-from eagle3.decoding.report import category_table, interval_line
+from eagle3.decoding.prompts import Prompt, answered, render_prompts
+from eagle3.decoding.report import category_table, domain_table, interval_line
 from eagle3.drafter.export import load_drafter_config
 from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.launch import (
@@ -169,6 +170,10 @@ def _request(pool: ServerPool, url: str, ids: list[int], max_new_tokens: int) ->
         raise SGLangError(f"SGLang server gone or failing mid-run: {err}") from None
 
 
+def _answer(pool: ServerPool, url: str, ids: list[int], max_new_tokens: int) -> list[int]:
+    return SpecResponse.parse(url, _request(pool, url, ids, max_new_tokens), speculative=False).output_ids
+
+
 def _flush(pool: ServerPool, url: str, tries: int = 5) -> None:
     """Empty a server's prefix cache after the warm-up (a given server may keep one: the first
     prompt must not start from it). SGLang refuses while its scheduler is still finishing the
@@ -214,12 +219,13 @@ def _generation(r: SpecResponse) -> Generation:
     return Generation(tokens=r.output_ids, seconds=r.seconds, accepted=accepted, drafter_accepted=accepted)
 
 
-def _row(result: PromptResult, category: str, responses: dict[str, SpecResponse]) -> dict:
+def _row(result: PromptResult, prompt: Prompt, responses: dict[str, SpecResponse]) -> dict:
     """The deterministic part of one prompt's results (no timings)."""
     spec = responses[SPEC]
     row = {
         "id": result.id,
-        "category": category,
+        "category": prompt.category,
+        "domain": prompt.domain,
         "prompt_tokens": result.prompt_tokens,
         "new_tokens": len(spec.output_ids),
         "baseline_new_tokens": len(result.baseline.tokens),
@@ -289,7 +295,7 @@ def evaluate_on_sglang(
     path = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=params.target.trust_remote_code)
     chat = has_chat_template(params.target.source)
-    batch = render_prompts(tokenizer, prompts, chat)
+    render_prompts(tokenizer, [p for p in prompts if p.follows is None], chat)  # renders, before any server
     kinds = server_kinds(params, drafter_dir, shape)
     given = {PLAIN: ev.sglang_url, SPEC: ev.sglang_eagle3_url, PEER: ev.sglang_ngram_url}
     servers = {}
@@ -308,6 +314,11 @@ def evaluate_on_sglang(
                 )
             pool = ServerPool(list(urls.values()), timeout_s=3600)
             args = checked_args(params, urls, pool, shape)
+            # second turns follow the plain server's greedy answer to the first, as a client sends them
+            prompts = answered(
+                tokenizer, prompts, chat, lambda ids: _answer(pool, urls[PLAIN], ids, ev.max_new_tokens)
+            )
+            batch = render_prompts(tokenizer, prompts, chat)
             responses = decode_all(pool, urls, batch, ev.max_new_tokens, on_prompt)
         finally:
             stop_servers(servers)
@@ -322,6 +333,7 @@ def evaluate_on_sglang(
     metrics = summarize(run, shape.num_steps, True) | summarize_spread(
         run, categories, shape.num_steps, ev.seed
     )
+    metrics["per_domain"] = per_domain(run, [p.domain for p in prompts], shape.num_steps, ev.seed)
     for key in NOT_MEASURED:
         metrics.pop(key, None)
     version = args[PLAIN]["version"]
@@ -339,11 +351,11 @@ def evaluate_on_sglang(
     with safe_open(drafter_dir / "model.safetensors", "pt") as f:
         t2d = f.get_tensor("t2d")
     metrics["eval_coverage"] = eval_coverage(run, t2d)
-    rows = [_row(res, c, r) for res, c, r in zip(run.results, categories, responses, strict=True)]
+    rows = [_row(res, p, r) for res, p, r in zip(run.results, prompts, responses, strict=True)]
     tags = {"eval.backend": "sglang", "eval.engine": f"sglang {version}", "eval.machine": where}
     tags |= {f"eval.sglang_{kind}_args": json.dumps(a, sort_keys=True) for kind, a in args.items()}
     tags["eval.dtype"] = dtype
-    report = [summary_line(metrics), category_table(metrics), interval_line(metrics)]
+    report = [summary_line(metrics), domain_table(metrics), category_table(metrics), interval_line(metrics)]
     return EvalOutcome(
         metrics, rows, tags, report, compared=("plain", "EAGLE-3"), engine="SGLang's speculative"
     )
