@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from eagle3.core.device import DTYPES, machine
-from eagle3.core.params import TargetParams
+from eagle3.core.params import ParamsError, TargetParams, parse_params
+from eagle3.decoding.domains import load_domains, token_counter
+from eagle3.decoding.engine import greedy_decode
 from eagle3.decoding.evaluate import run_comparison, summarize
-from eagle3.decoding.prompts import load_prompts, render_prompts
+from eagle3.decoding.prompts import answered, load_prompts, render_prompts
 from eagle3.decoding.setup import DecodingSetup
 from eagle3.verifier.load import Target, has_chat_template
 
@@ -62,6 +64,36 @@ def mtbench_prompts(target: Target, n: int) -> list[tuple[str, list[int]]]:
     """(id, token ids) of the first n MT-bench prompts (one per category in turn), rendered as
     speculative-eval renders them."""
     return render_prompts(target.tokenizer, load_prompts(None, n), has_chat_template(target.source))
+
+
+def parse_domains(text: str) -> dict[str, int]:
+    """`chat=12,code=24,...` -> eval.domains, validated as the param is."""
+    try:
+        domains = {name: int(n) for name, _, n in (part.partition("=") for part in text.split(","))}
+    except ValueError:
+        raise SystemExit(
+            f"--domains {text!r}: expected NAME=N,... (e.g. chat=12,code=24,math=24,long=4)"
+        ) from None
+    try:
+        return parse_params({"eval": {"domains": domains}}).eval.domains
+    except ParamsError as err:
+        raise SystemExit(f"--domains {text!r}: {'; '.join(err.problems)}") from None
+
+
+def domain_prompts(
+    setup: DecodingSetup, domains: dict[str, int], tokens: int
+) -> list[tuple[str, str, list[int]]]:
+    """(domain, id, token ids) of speculative-eval's domains (eagle3/decoding/domains.py; the long
+    domain held out from data seed 0's order, which every shipped drafter trained on), second
+    turns after the target's own greedy answer of `tokens` tokens."""
+    params = parse_params({"eval": {"domains": domains}})
+    counter = token_counter(params.target.model_copy(update={"source": setup.target.source}))
+    prompts = load_domains(params.eval, params.data, counter if "long" in domains else None)
+    model, eos = setup.target.model, setup.eos
+    prompts = answered(
+        setup.target.tokenizer, prompts, setup.chat, lambda ids: greedy_decode(model, ids, tokens, eos).tokens
+    )
+    return [(p.domain, pid, ids) for p, (pid, ids) in zip(prompts, setup.render(prompts), strict=True)]
 
 
 class DraftShape(NamedTuple):

@@ -5,17 +5,20 @@ lookup, in one run.
         [--tokens 128] [--shapes chain:2 tree:2:8:10 tree:3:6:10 ...] [--dtype float32]
     python -m bench.trees --drafter 4m=drafters/smollm2-135m-instruct-4m --drafter deep=DIR
         --shapes 4m:chain:2 4m:tree:2:4:6 deep:chain:3 deep:chain:5 deep:tree:5:4:8 [--json FILE]
+    python -m bench.trees --drafter a=DIR --drafter b=DIR --shapes a:chain:3 b:chain:3 ...
+        --domains chat=12,code=24,math=24,long=4      # speculative-eval's domains, figures per domain
 
 A shape is `[NAME:]chain:K` or `[NAME:]tree:K:TOPK:BUDGET[:LOOKUP]` (eval.k, eval.topk,
 eval.tree_budget, eval.lookup_tokens: a prompt-lookup branch grafted onto the tree); NAME picks
-a drafter given as `--drafter NAME=DIR` (default: the first). No shape may draft deeper than its
-drafter's trained TTT length. Each prompt is decoded by every decoder back to back, in rotating
-order, so machine noise hits all alike; every speculative output must equal plain greedy's (the
-run stops otherwise). Prints, per shape, the acceptance length with its 95% bootstrap interval
-over prompts, the share of steps that accept at least 1, 2, ... drafts (where a deeper level
-stops paying), draft and verify ms per step and the pooled speedup with its interval, then each
-shape minus the first, paired over the same resampled prompts. The machine comes first: figures
-from another CPU do not compare.
+a drafter given as `--drafter NAME=DIR` (default: the first). A shape deeper than its drafter's
+trained TTT length is measured with a warning (its extra steps were never trained). Each prompt
+is decoded by every decoder back to back, in rotating order, so machine noise hits all alike;
+every speculative output must equal plain greedy's (the run stops otherwise). Prints, per shape
+(per domain with --domains), the acceptance length with its 95% bootstrap interval over prompts,
+the share of steps that accept at least 1, 2, ... drafts (where a deeper level stops paying),
+draft and verify ms per step and the pooled speedup with its interval, then each shape minus the
+first, paired over the same resampled prompts. The machine comes first: figures from another CPU
+do not compare.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.decoding import add_decoding_args, load_drafters, mtbench_prompts
+from bench.decoding import add_decoding_args, domain_prompts, load_drafters, mtbench_prompts, parse_domains
 from bench.drafters import summarize as paired_figures
 from eagle3.core.device import machine
 from eagle3.decoding.engine import Generation, greedy_decode
@@ -85,6 +88,12 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["chain:2", "tree:2:4:6", "tree:2:6:8", "tree:2:8:10"])
     ap.add_argument("--seed", type=int, default=0, help="of the bootstrap resamples")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument(
+        "--domains",
+        metavar="NAME=N,...",
+        help="speculative-eval's domains instead of --prompts MT-bench first turns, figures per domain "
+        "(e.g. chat=12,code=24,math=24,long=4)",
+    )
     args = ap.parse_args()
     paths = parse_drafters(args.drafter or ["drafters/smollm2-135m-instruct-4m"])
     first = next(iter(paths))
@@ -109,8 +118,13 @@ def main() -> None:
     print(f"drafters in {str(setups[first].drafter_dtype).removeprefix('torch.')}")
     target, eos = setups[first].target, setups[first].eos
     engines = {label: setups[name].engine(**settings) for label, (name, settings) in shapes.items()}
-    prompts = mtbench_prompts(target, args.prompts)
     n = args.tokens
+    if args.domains:
+        listed = domain_prompts(setups[first], parse_domains(args.domains), n)
+        domains, prompts = [d for d, _, _ in listed], [(pid, ids) for _, pid, ids in listed]
+    else:
+        prompts = mtbench_prompts(target, args.prompts)
+        domains = ["mtbench"] * len(prompts)
 
     decoders: list[tuple[str, Callable[[list[int]], Generation]]] = [
         ("plain", lambda ids: greedy_decode(target.model, ids, n, eos))
@@ -123,19 +137,24 @@ def main() -> None:
         rows = decode_prompts(decoders, prompts, must_match=list(engines))
     except Diverged as err:
         raise SystemExit(f"{err.name} diverged from plain greedy on prompt {err.index}") from None
-    runs = {name: [row[name] for row in rows] for name, _ in decoders}
-    figures = summarize(rows, {label: s["k"] for label, (_, s) in shapes.items()}, args.seed)
-    report(runs, figures, args, len(prompts))
+    depths = {label: s["k"] for label, (_, s) in shapes.items()}
+    by_domain = {}
+    for domain in dict.fromkeys(domains):
+        part = [row for row, d in zip(rows, domains, strict=True) if d == domain]
+        runs = {name: [row[name] for row in part] for name, _ in decoders}
+        by_domain[domain] = figures = summarize(part, depths, args.seed)
+        print(f"--- {domain}")
+        report(runs, figures, args, len(part))
     if args.json:
         out = {
             "machine": machine(),
             "command": "python -m bench.trees " + shlex.join(sys.argv[1:]),
             "drafters": {name: str(path) for name, path in paths.items()},
             "settings": {label: {"drafter": name, **s} for label, (name, s) in shapes.items()},
-            "prompts": len(prompts),
+            "prompts": {d: domains.count(d) for d in by_domain},
             "tokens": n,
             "dtype": args.dtype,
-            "shapes": figures,
+            "domains": by_domain,
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         print(f"json: {args.json}")

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED)
 
 
 def test_the_stage_starts_sglang_servers_and_measures_the_drafter(tmp_path):
-    raw = params_for(domains={"chat": 1, "file": 1}, max_new_tokens=16, sglang_python=SGLANG_PYTHON).model_dump()
+    raw = params_for(
+        domains={"chat": 1, "file": 1}, max_new_tokens=16, sglang_python=SGLANG_PYTHON
+    ).model_dump()
     raw["tracking"] = {"enabled": False}
     project, done = run_stage(tmp_path, raw)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -119,7 +119,20 @@ def load_conversations(source: str) -> list[list[Message]]:
     return conversations
 
 
+# The far end of each seed's sample order is never trained on: speculative-eval's long domain takes
+# its held-out contexts from there (eagle3/decoding/domains.py), so held out holds by construction.
+HELDOUT_FRACTION = 0.05
+
+
 def sample_order(count: int, seed: int) -> list[int]:
     order = list(range(count))
     random.Random(seed).shuffle(order)
     return order
+
+
+def split_order(count: int, seed: int) -> tuple[list[int], list[int]]:
+    """(the order training draws from, the held-out tail): the seeded sample order, its last
+    HELDOUT_FRACTION kept for evaluation."""
+    order = sample_order(count, seed)
+    cut = count - int(count * HELDOUT_FRACTION)
+    return order[:cut], order[cut:]

@@ -30,7 +30,7 @@ from eagle3.core.packed import pack_linears
 from eagle3.core.params import TRANSPORT_KEYS, Params
 from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import code_sha256, sha256_json
-from eagle3.data.conversations import load_conversations, sample_order
+from eagle3.data.conversations import load_conversations, split_order
 from eagle3.data.onpolicy import generate_with_features
 from eagle3.data.store import (
     JOURNAL,
@@ -57,13 +57,15 @@ class Selected:
 
 
 def select_conversations(params: Params, tokenizer, chat: bool) -> list[Selected]:
-    """The first `data.num_samples` conversations of a seeded order with enough to learn from:
+    """The first `data.num_samples` conversations of a seeded order (its held-out tail excluded:
+    eagle3/data/conversations.py split_order) with enough to learn from:
     >= `data.min_assistant_tokens` assistant tokens, or under self-distillation a first prompt
     that leaves room for that many answer tokens within `data.max_length`."""
     data = params.data
     conversations = load_conversations(data.source)
     chosen: list[Selected] = []
-    for index in sample_order(len(conversations), data.seed):
+    training, heldout = split_order(len(conversations), data.seed)
+    for index in training:
         messages = conversations[index]
         if data.regenerate:
             rendered = None
@@ -80,7 +82,8 @@ def select_conversations(params: Params, tokenizer, chat: bool) -> list[Selected
     room = "prompts that leave room for" if data.regenerate else "conversations with >="
     raise ValueError(
         f"data.num_samples: asked for {data.num_samples}, but {data.source} has only {len(chosen)} "
-        f"{room} {data.min_assistant_tokens} assistant tokens (allowed: <= {len(chosen)})"
+        f"{room} {data.min_assistant_tokens} assistant tokens outside the {len(heldout)} held out for "
+        f"evaluation (allowed: <= {len(chosen)})"
     )
 
 

