@@ -16,8 +16,8 @@ Why the code declares the stages and writes dvc.yaml, rather than reading dvc.ya
 - the comments that explain a DVC setting are declared with the entry they explain, so they move
   with it, and the writer emits them: dvc.yaml stays readable.
 
-This module holds data only (no stage imports anything through it), so a stage does not list it
-as a dep: what a stage's part of it changes, DVC sees in that stage's entry of dvc.yaml.
+This module holds data only, no behaviour, so no stage lists it as a dep although every stage
+imports it: what a stage's part of it changes, DVC sees in that stage's entry of dvc.yaml.
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ def step_valid(batch: Batch, k: int, positions: CountedPositions = "after_assist
         valid = valid & shift_left(batch.loss_mask, n, False)
     if positions in ("assistant", "drafted"):
         valid = valid & shift_left(batch.loss_mask, n + 1, False)
-    if positions not in get_args(CountedPositions):
-        raise ValueError(f"positions {positions!r}: use {', '.join(get_args(CountedPositions))}")
+    if positions not in (allowed := get_args(CountedPositions)):
+        raise ValueError(f"positions {positions!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
     return valid
 
 
