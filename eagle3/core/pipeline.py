@@ -3,7 +3,7 @@
 Everything else is derived from this module. `eagle3 pipeline write` writes dvc.yaml from it,
 each stage's code deps being the project modules its command can import (eagle3/derived/); the
 stages import their artifact paths from here; eagle3/core/stage_commit.py takes each stage's
-outputs from here; `eagle3 pipeline check` (and tests/test_pipeline.py) fails when dvc.yaml is
+outputs from here; `eagle3 pipeline check` (and tests/test_derived.py) fails when dvc.yaml is
 not what this module and the code give.
 
 Why the code declares the stages and writes dvc.yaml, rather than reading dvc.yaml:
@@ -177,7 +177,7 @@ STAGES: tuple[Stage, ...] = (
             Output(
                 FEATURES,
                 above="persist: a re-run keeps the intact shards (a damaged one is recomputed alone). An "
-                "unfinished run keeps its shards beside it (artifacts/extract.partial), outside DVC: "
+                f"unfinished run keeps its shards beside it ({FEATURES.as_posix()}.partial), outside DVC: "
                 "`dvc exp run` checks out the committed store before running, deleting what a killed run "
                 "left here.",
             ),
@@ -216,6 +216,8 @@ STAGES: tuple[Stage, ...] = (
             ),
         ),
         reads=(FEATURES,),
+        # all of eagle3/drafter but cost.py, listed whole as it was before the deps were derived: a
+        # narrower list would change dvc.lock's deps and re-run vocab-map for nothing
         whole=("eagle3/drafter",),
     ),
     Stage(
