@@ -41,7 +41,10 @@ from pathlib import Path
 
 import yaml
 
+from eagle3.core.pipeline import FEATURES
+from eagle3.core.stage_commit import STAGE_OUTPUTS
 from eagle3.core.stageio import sha256_file
+from eagle3.data.store import work_folder
 
 REPO = Path(__file__).resolve().parents[1]
 SHAREGPT = REPO / "tests" / "fixtures" / "sharegpt-48.jsonl"
@@ -55,12 +58,12 @@ TINY = {
     "eval": {"domains": {"chat": 1}, "max_new_tokens": 16, "dtype": "float32", "drafter_dtype": "float32"},
     "tracking": {"enabled": False},
 }
-EXTRACT = "artifacts/extract"
-EXTRACT_WORK = "artifacts/extract.partial"  # its shards and journal until a run completes
+EXTRACT = FEATURES.as_posix()
+EXTRACT_WORK = work_folder(FEATURES).as_posix()  # its shards and journal until a run completes
 # No wait is unbounded: a stage of the tiny project takes seconds, a pytest file minutes.
 STAGE_TIMEOUT_S = 900
 PYTEST_TIMEOUT_S = 3600
-VOCAB_OUTPUTS = ["artifacts/vocab-map", "metrics/vocab-map.json", "plots/coverage.csv"]
+VOCAB_OUTPUTS = list(STAGE_OUTPUTS["vocab-map"])
 EVAL_OUTPUTS = ["artifacts/speculative-eval", "metrics/speculative-eval.json", "plots/acceptance.csv"]
 
 

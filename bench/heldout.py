@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from eagle3.core.params import load_params
+from eagle3.core.pipeline import FEATURES, PATCH_REPORT, VOCAB_MAP
 from eagle3.decoding.stats import percentile_interval, resample_index
 from eagle3.drafter.export import load_drafter
 from eagle3.train.distributed import SINGLE_PROCESS
 from eagle3.train.loop import TrainRecipe
 from eagle3.train.prepare import prepare_inputs
-from stages.train import FEATURES, MAPPING_DIR, REPORT
 
 
 def drafter_weights(path: str, embed: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -49,7 +49,7 @@ def per_sample_hits(folders: list[str], positions: list[str], ttt_length: int) -
     params = load_params()
     train = params.train.model_copy(update={"ttt_length": ttt_length, "dtype": "float32", "init": None})
     params = params.model_copy(update={"train": train})
-    inputs = prepare_inputs(params, FEATURES, MAPPING_DIR, REPORT)
+    inputs = prepare_inputs(params, FEATURES, VOCAB_MAP, PATCH_REPORT)
     recipe = TrainRecipe(train, inputs)
     recipe.dist, recipe.device = SINGLE_PROCESS, torch.device("cpu")
     recipe._setup_data(heldout_only=True)

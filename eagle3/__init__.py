@@ -2,8 +2,9 @@
 
 The folder list is the map, foundations first: each entry imports only entries above it (and
 itself), never one below; tests/test_layers.py checks this against LAYERS. stages/ calls into it.
-    core/               params schema, deterministic stage outputs (all replaced together when a stage
-                        succeeds, none when it fails: stage_commit.py), input errors, packaged files,
+    core/               params schema, the pipeline's stages (pipeline.py), deterministic stage
+                        outputs (all replaced together when a stage succeeds, none when it fails:
+                        stage_commit.py), input errors, packaged files,
                         the machine and its dtypes, the layer-id convention every engine shares
                         (layer_ids.py), MLflow glue; imports nothing else of eagle3
     verifier/           the target model: load it, render text as it reads it, capture, patch-check
@@ -16,6 +17,8 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
     sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and
                         evaluation on SGLang servers, built on verifier/, data/, drafter/, decoding/
     backends.py         the features backends (hf, sglang) behind one protocol: the stages call it
+    derived/            dvc.yaml and params.yaml written from their declarations (core/pipeline.py,
+                        core/params.py) and the stages' imports; no stage imports it
     sweep/              experiments as rows, what a run costs (the plan), the sweep's decision and
                         its report files; no stage imports it
     cli/                the `eagle3` command: parses arguments and prints; no stage imports it
@@ -36,6 +39,7 @@ LAYERS = (
     "dtype_decisions",
     "sglang",
     "backends",
+    "derived",
     "sweep",
     "cli",
 )

@@ -13,7 +13,7 @@ role: no stage compares backend names. A new backend is one module of role funct
 entry in BACKENDS.
 
 The roles are named as strings and imported when called, so a stage's code depends only on its
-own role's modules: tests/test_stage_deps.py adds, for each `backend_for(...).<role>` a stage
+own role's modules: eagle3/derived/imports.py adds, for each `backend_for(...).<role>` a stage
 calls, that role's module of every backend here. A change to the evaluation code must not
 re-run an extraction.
 """

@@ -4,18 +4,15 @@ the backend extract.backend names (eagle3/backends.py)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from eagle3.backends import backend_for, require_engine
 from eagle3.core.device import machine
+from eagle3.core.pipeline import FEATURES, PATCH_REPORT, metrics_path
 from eagle3.core.stage_commit import staged_outputs
-from eagle3.core.stageio import metrics_path, read_json, write_json
+from eagle3.core.stageio import read_json, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.store import work_folder
 from stages.common import console, reported_failures, validated_params
-
-OUT = Path("artifacts/extract")
-REPORT = Path("artifacts/patch-check/report.json")
 
 
 def main() -> None:
@@ -23,20 +20,20 @@ def main() -> None:
     # staged_outputs: all outputs replaced together at the end, none when the stage fails;
     # the new store is the completed work folder (eagle3/data/store.py), adopted by the commit
     with reported_failures("extract"), staged_outputs("extract") as staged:
-        if not REPORT.exists():
-            raise FileNotFoundError(f"{REPORT} is missing: run the patch-check stage first")
-        fingerprint = read_json(REPORT)["fingerprint"]
+        if not PATCH_REPORT.exists():
+            raise FileNotFoundError(f"{PATCH_REPORT} is missing: run the patch-check stage first")
+        fingerprint = read_json(PATCH_REPORT)["fingerprint"]
         if fingerprint["target_source"] != params.target.source:
             raise ValueError(
-                f"target.source is '{params.target.source}' but {REPORT} checked "
+                f"target.source is '{params.target.source}' but {PATCH_REPORT} checked "
                 f"'{fingerprint['target_source']}': run patch-check again"
             )
         backend = backend_for(params.extract.backend)
-        require_engine(backend, fingerprint, str(REPORT))
+        require_engine(backend, fingerprint, str(PATCH_REPORT))
         started = time.perf_counter()
         stats: dict = {}
-        manifest, dtype = backend.extract(params, fingerprint, OUT, stats=stats, publish=False)
-        staged.adopt(OUT, work_folder(OUT))
+        manifest, dtype = backend.extract(params, fingerprint, FEATURES, stats=stats, publish=False)
+        staged.adopt(FEATURES, work_folder(FEATURES))
         seconds = time.perf_counter() - started
         metrics = {
             "num_samples": manifest["num_samples"],

@@ -7,15 +7,12 @@ supported version in the right mode and their rows agree with the HF reference (
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from eagle3.backends import backend_for
+from eagle3.core.pipeline import PATCH_REPORT, metrics_path
 from eagle3.core.stage_commit import staged_outputs
-from eagle3.core.stageio import metrics_path, write_json
+from eagle3.core.stageio import write_json
 from eagle3.core.tracking import pipeline_run
 from stages.common import console, reported_failures, validated_params
-
-OUT = Path("artifacts/patch-check")
 
 
 def main() -> None:
@@ -23,7 +20,7 @@ def main() -> None:
     # staged_outputs: all outputs replaced together at the end, none when the stage fails
     with reported_failures("patch-check"), staged_outputs("patch-check") as staged:
         report = backend_for(params.extract.backend).patch_check(params)
-        write_json(staged.path(OUT / "report.json"), report)
+        write_json(staged.path(PATCH_REPORT), report)
         fp = report["fingerprint"]
         metrics = {
             "patch_check_passed": True,

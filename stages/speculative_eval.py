@@ -5,25 +5,19 @@ Both backends write the same files."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.progress import Progress
 
 from eagle3.backends import backend_for
 from eagle3.core.params import Params
+from eagle3.core.pipeline import ACCEPTANCE_CSV, ACCEPTANCE_PNG, DOMAINS_METRICS, EVAL_RESULTS, metrics_path
 from eagle3.core.stage_commit import StagedOutputs, staged_outputs
-from eagle3.core.stageio import metrics_path, write_json
+from eagle3.core.stageio import write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.decoding.domains import load_domains, token_counter
 from eagle3.decoding.evaluate import EvalOutcome, headline_by_domain, unexplained
 from eagle3.decoding.report import write_acceptance_plot
 from eagle3.decoding.setup import drafter_depth, eval_drafter
 from stages.common import console, reported_failures, validated_params
-
-OUT = Path("artifacts/speculative-eval")
-PLOT_CSV, PLOT_PNG = Path("plots/acceptance.csv"), Path("plots/acceptance.png")
-# What `dvc exp show` leads with: acceptance and speedup per domain (first in dvc.yaml's metrics).
-DOMAINS_METRICS = Path("metrics/domains.json")
 
 
 def main() -> None:
@@ -53,9 +47,9 @@ def main() -> None:
 def publish(params: Params, outcome: EvalOutcome, staged: StagedOutputs) -> None:
     """Results, plot and metrics (staged: in place once the stage succeeds), then the MLflow run
     (which keeps them for a run refused as not lossless)."""
-    results, png = staged.path(OUT / "results.json"), staged.path(PLOT_PNG)
+    results, png = staged.path(EVAL_RESULTS / "results.json"), staged.path(ACCEPTANCE_PNG)
     write_json(results, {"prompts": outcome.rows})
-    write_acceptance_plot(outcome.metrics["per_position_acceptance"], staged.path(PLOT_CSV), png)
+    write_acceptance_plot(outcome.metrics["per_position_acceptance"], staged.path(ACCEPTANCE_CSV), png)
     write_json(staged.path(metrics_path("speculative-eval")), outcome.metrics)
     write_json(staged.path(DOMAINS_METRICS), headline_by_domain(outcome.metrics))
     with pipeline_run(params, "speculative-eval") as mlrun:

@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from eagle3.backends import backend_of
 from eagle3.core.params import Params
+from eagle3.core.pipeline import (
+    CHECKPOINTS,
+    DRAFTER,
+    FEATURES,
+    PATCH_REPORT,
+    SIM_ACCEPTANCE,
+    TRAIN_ACC_BY_POSITION,
+    TRAIN_CURVE,
+    VOCAB_MAP,
+    metrics_path,
+)
 from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stage_commit import staged_outputs
-from eagle3.core.stageio import metrics_path, write_json
+from eagle3.core.stageio import write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.drafter.export import export_drafter
 from eagle3.train.distributed import (
@@ -32,19 +42,12 @@ from stages.common import console, reported_failures, validated_params
 # before any CUDA work of this process (the online target's forward too): deterministic GPU training
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
 
-FEATURES = Path("artifacts/extract")
-MAPPING_DIR = Path("artifacts/vocab-map")
-REPORT = Path("artifacts/patch-check/report.json")
-OUT = Path("artifacts/train/drafter")
-# Not a DVC out: DVC must not delete it before a re-run, so an interrupted run can resume.
-CHECKPOINTS = Path("artifacts/train/checkpoints")
-
 
 def prepare(params: Params) -> tuple[TrainInputs, OnlineSource | None]:
     """This stage's inputs, read and cross-checked (fails before any expensive work), and for an
     online store its feature source: the backend that made the store (the in-process target, or
     SGLang servers)."""
-    inputs = prepare_inputs(params, FEATURES, MAPPING_DIR, REPORT)
+    inputs = prepare_inputs(params, FEATURES, VOCAB_MAP, PATCH_REPORT)
     if not inputs.store.online:
         return inputs, None
     # the backend that made the store computes its features: the store's fingerprint names it
@@ -69,12 +72,12 @@ def main() -> None:
             outcome = train_drafter(
                 p, inputs, CHECKPOINTS, on_step=log.on_step, on_epoch=log.on_epoch, online=online
             )
-            export_drafter(outcome.drafter, staged.path(OUT), ttt_length=p.ttt_length)
+            export_drafter(outcome.drafter, staged.path(DRAFTER), ttt_length=p.ttt_length)
             metrics = stage_metrics(outcome)
             write_json(staged.path(metrics_path("train")), metrics)
-            write_plots(outcome, staged.path("plots"))
-            log.finish(metrics, outcome.metrics["dtype"], staged.path(OUT) / "config.json")
-    console.print(summary_line(metrics, OUT))
+            write_plots(outcome, *map(staged.path, (TRAIN_CURVE, TRAIN_ACC_BY_POSITION, SIM_ACCEPTANCE)))
+            log.finish(metrics, outcome.metrics["dtype"], staged.path(DRAFTER) / "config.json")
+    console.print(summary_line(metrics, DRAFTER))
 
 
 if __name__ == "__main__":

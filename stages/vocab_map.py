@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
+from eagle3.core.pipeline import COVERAGE_PLOT, FEATURES, VOCAB_MAP, metrics_path
 from eagle3.core.stage_commit import staged_outputs
-from eagle3.core.stageio import metrics_path, write_csv, write_json
+from eagle3.core.stageio import write_csv, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
 from eagle3.verifier.load import load_target_config
 from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
 from stages.common import console, reported_failures, validated_params
-
-FEATURES = Path("artifacts/extract")
-OUT = Path("artifacts/vocab-map")
 
 
 def main() -> None:
@@ -57,10 +54,10 @@ def main() -> None:
         }
         if init is not None:  # train refuses a mapping adopted from another version of the folder
             meta |= {"init": init.folder, "init_sha256": init.sha256}
-        save_vocab_map(vocab, staged.path(OUT), meta)
+        save_vocab_map(vocab, staged.path(VOCAB_MAP), meta)
         curve = coverage_curve(counts, params.vocab.coverage_grid + [vocab.draft_size])
         rows = [list(p) for p in curve]
-        write_csv(staged.path("plots/coverage.csv"), ["draft_vocab_size", "coverage"], rows)
+        write_csv(staged.path(COVERAGE_PLOT), ["draft_vocab_size", "coverage"], rows)
         write_json(staged.path(metrics_path("vocab-map")), metrics)
         with pipeline_run(params, "vocab-map") as run:
             run.log_metrics(metrics)

@@ -95,7 +95,7 @@ def test_an_upward_import_is_caught():
         "eagle3/drafter/config.py:1 imports eagle3.sglang.server_args: layer drafter (LAYERS[4]) imports "
         "the higher layer sglang (LAYERS[8] in eagle3/__init__.py)",
         "eagle3/drafter/config.py:2 imports eagle3.cli.report: layer drafter (LAYERS[4]) imports "
-        "the higher layer cli (LAYERS[11] in eagle3/__init__.py)",
+        "the higher layer cli (LAYERS[12] in eagle3/__init__.py)",
     ]
     lazy = "def f():\n    from eagle3 import decoding\n"
     assert upward_imports(path, lazy) == [

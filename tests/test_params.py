@@ -12,9 +12,8 @@ from eagle3.cli.command import main as cli
 from eagle3.core.params import (
     Params,
     ParamsError,
+    check_against_target,
     default_aux_layers,
-    flatten,
-    load_params,
     parse_params,
     resolve_aux_layers,
     tracking_schemes,
@@ -38,22 +37,11 @@ MACHINE_AND_SCHEME = {
 }
 
 
-def test_schema_defaults_are_params_yaml():
-    """params.yaml is what the pipeline runs; a section built in code (tests, bench) or a partial
-    file must mean the same. Every key listed, every default equal: they cannot drift apart."""
-    written = flatten(yaml.safe_load((REPO / "params.yaml").read_text()))
-    defaults = Params().flat()
-    assert sorted(written) == sorted(defaults), "params.yaml must list every key of eagle3/core/params.py"
-    differ = {k: (defaults[k], written[k]) for k in defaults if defaults[k] != written[k]}
-    assert not differ, f"eagle3/core/params.py default != params.yaml value (change both): {differ}"
-    assert load_params(REPO / "params.yaml") == Params()
-
-
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
         ({"vocab": {"size": 0}}, "vocab.size: Input should be greater than or equal to 1 (got 0)"),
-        ({"vocab": {"sise": 10}}, "vocab.sise: unknown key (allowed: size, coverage_grid)"),
+        ({"vocab": {"sise": 10}}, "vocab.sise: unknown key (allowed: coverage_grid, size)"),
         ({"train": {"epochs": "many"}}, "train.epochs: Input should be a valid integer"),
         (
             {"extract": {"aux_layers": [1, 2]}},
@@ -142,3 +130,46 @@ def test_cli_params_check(tmp_path, capsys):
     assert cli(["params", "check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "vocab.size" in err and "train.lr" in err
+
+
+def test_a_top_n_larger_than_the_targets_vocabulary_is_refused_before_any_work():
+    """check_against_target reads the target's vocabulary size (the dtypes stage calls it before it
+    measures): a train.target_topk above it could never be taken; vocab.size above it is the whole
+    vocabulary, no error."""
+    params = parse_params({"train": {"target_topk": 50000}, "vocab": {"size": 60000}})
+    with pytest.raises(ParamsError) as err:
+        check_against_target(params, num_layers=30, vocab_size=49152)
+    assert err.value.problems == [
+        "train.target_topk: more than the target's vocabulary of 49152 tokens (allowed: 1..49152, or null) "
+        "(got 50000)"
+    ]
+    assert check_against_target(params, num_layers=30, vocab_size=50000) == [1, 14, 26]
+
+
+def test_params_explain_prints_a_keys_meaning(capsys):
+    assert cli(["params", "explain", "train.ttt_length"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "train.ttt_length: = eval.k: drafts beyond the unroll length are never trained",
+        "  allowed: int (>= 1, <= 32); default: 1",
+        "  re-runs: train, speculative-eval",
+    ]
+    assert cli(["params", "explain", "online.recheck_every"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  re-runs nothing (no stage lists it); changes no byte: how often a sample is computed again to "
+        "check the source"
+    )
+    assert cli(["params", "explain", "eval"]) == 0  # a section: its meaning and its keys'
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0].startswith("eval: ") and "  k: draft tokens per step (tree: depth); <= train.ttt_length" in out
+    )
+
+
+def test_params_explain_of_an_unknown_key_is_one_line_with_close_matches(capsys):
+    assert cli(["params", "explain", "train.ttt_lenght"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "error: params has no key 'train.ttt_lenght' "
+        "(close: train.ttt_length, train.ttt_decay, train.seq_len)\n"
+    )

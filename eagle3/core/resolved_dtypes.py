@@ -16,9 +16,10 @@ from pathlib import Path
 
 from eagle3.core.device import Job, native_bf16
 from eagle3.core.params import Params
+from eagle3.core.pipeline import DTYPES
 from eagle3.core.stageio import write_json
 
-FOLDER = Path("artifacts/dtypes")
+FOLDER = DTYPES
 
 
 def record(resolved: dict[Job, dict[str, dict[str, str]]], folder: Path = FOLDER) -> None:

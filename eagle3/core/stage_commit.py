@@ -28,29 +28,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from eagle3.core.pipeline import STAGES
 from eagle3.core.stageio import write_json
 
-# Every output of each stage that writes through a commit: dvc.yaml's outs, metrics and plots of
-# the stage, all `persist: true` (tests/test_stage_commit.py keeps the two equal).
-STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "patch-check": ("artifacts/patch-check", "metrics/patch-check.json"),
-    "extract": ("artifacts/extract", "metrics/extract.json"),
-    "vocab-map": ("artifacts/vocab-map", "metrics/vocab-map.json", "plots/coverage.csv"),
-    "train": (
-        "artifacts/train/drafter",
-        "metrics/train.json",
-        "plots/train_curve.csv",
-        "plots/train_acc_by_position.csv",
-        "plots/sim_acceptance.csv",
-    ),
-    "speculative-eval": (
-        "artifacts/speculative-eval",
-        "metrics/speculative-eval.json",
-        "metrics/domains.json",
-        "plots/acceptance.csv",
-        "plots/acceptance.png",
-    ),
-}
+# Every output of each stage that writes through a commit: its outs, metrics and plots as declared
+# (eagle3/core/pipeline.py), all `persist: true` in dvc.yaml.
+STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {s.name: s.output_paths for s in STAGES if s.staged}
 AREA = ".stage-commit"  # at the project root, git-ignored
 NEW, OLD = "new", "old"
 

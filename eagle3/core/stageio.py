@@ -15,8 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO_STAGES = ("patch-check", "extract", "vocab-map", "train", "speculative-eval")
-
 
 def _clean(value: Any) -> Any:
     # JSON has no NaN/inf; None keeps the file valid and readable by `dvc exp show`.
@@ -85,16 +83,6 @@ def write_csv(path: str | Path, header: list[str], rows: list[list[Any]]) -> Non
 
 def _fmt(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def metrics_path(stage: str) -> Path:
-    return Path("metrics") / f"{stage}.json"
-
-
-def write_metrics(stage: str, metrics: dict[str, Any]) -> Path:
-    path = metrics_path(stage)
-    write_json(path, metrics)
-    return path
 
 
 def read_json(path: str | Path) -> Any:

@@ -33,7 +33,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from eagle3.core.params import Params, flatten
-from eagle3.core.stageio import REPO_STAGES, metrics_path, read_json
+from eagle3.core.pipeline import STAGES_WITH_METRICS, metrics_path
+from eagle3.core.stageio import read_json
 
 RUN_KEY_TAG = "eagle3.run_key"
 # MLflow retries a dead server for minutes by default (7 retries, backoff factor 2); a stage
@@ -204,7 +205,7 @@ def pipeline_run(params: Params, stage: str) -> Iterator[StageRun]:
         return
     run = StageRun(mlflow, run_id, uri)
     run.set_tags({f"eagle3.stage.{stage}": "ran"})
-    for upstream in REPO_STAGES[: REPO_STAGES.index(stage)]:
+    for upstream in STAGES_WITH_METRICS[: STAGES_WITH_METRICS.index(stage)]:
         path = metrics_path(upstream)
         if path.exists():
             run.log_metrics(read_json(path))

@@ -21,13 +21,13 @@ from eagle3.core.device import Shape, machine, resolve_dtype
 from eagle3.core.inputs import InputError
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import EvalParams, Params, TargetParams, default_aux_layers
+from eagle3.core.pipeline import DRAFTER
 from eagle3.decoding.engine import SpecEngine
 from eagle3.decoding.prompts import Prompt, render_prompts
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import CONFIG, load_drafter, load_drafter_config, trained_ttt_length
 from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
 
-TRAINED_DRAFTER = Path("artifacts/train/drafter")
 # Draft vocabulary of the untrained drafter the benches use where no exported one is given.
 UNTRAINED_DRAFT_VOCAB = 8192
 
@@ -52,7 +52,7 @@ def depth_warning(k: int, ttt_length: int) -> str | None:
 def eval_drafter(params: Params, folder: str | None = None) -> Path:
     """The drafter to evaluate or serve: `folder`, else eval.drafter, else the train stage's;
     refused unless it is an exported drafter (its depth: drafter_depth)."""
-    path = Path(folder or params.eval.drafter or TRAINED_DRAFTER)
+    path = Path(folder or params.eval.drafter or DRAFTER)
     if not (path / CONFIG).exists():
         if folder or params.eval.drafter:
             hint = f"{'--drafter' if folder else 'eval.drafter'} names no exported drafter"

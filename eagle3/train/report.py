@@ -54,15 +54,15 @@ def _key(shape_name: str) -> str:
     return shape_name.replace(" ", "_").replace("/", "_")
 
 
-def write_plots(outcome: TrainOutcome, folder: Path) -> None:
-    """train_curve.csv (per step), train_acc_by_position.csv (per TTT position) and
-    sim_acceptance.csv (per epoch and draft shape: the simulated acceptance curve)."""
+def write_plots(outcome: TrainOutcome, curve: Path, by_position: Path, sim_acceptance: Path) -> None:
+    """The training curve (per step), the accuracy by TTT position and the simulated acceptance
+    curve (per epoch and draft shape), each a CSV at the path given."""
     held, train = outcome.metrics["heldout"], outcome.metrics["train"]
     positions = range(len(held["acc"]))
     keys = ["step", "epoch", "lr", "loss"] + [f"acc_{k}" for k in positions]
-    write_csv(folder / "train_curve.csv", keys, [[row[k] for k in keys] for row in outcome.curve])
+    write_csv(curve, keys, [[row[k] for k in keys] for row in outcome.curve])
     write_csv(
-        folder / "train_acc_by_position.csv",
+        by_position,
         ["ttt_position", "heldout_acc", "train_acc", "heldout_loss"],
         [[k, held["acc"][k], train["acc"][k], held["loss"][k]] for k in positions],
     )
@@ -71,7 +71,7 @@ def write_plots(outcome: TrainOutcome, folder: Path) -> None:
         for epoch in outcome.epochs
         for name, length in epoch["heldout"].get("sim_acceptance", {}).items()
     ]
-    write_csv(folder / "sim_acceptance.csv", ["epoch", "shape", "acceptance_length"], rows)
+    write_csv(sim_acceptance, ["epoch", "shape", "acceptance_length"], rows)
 
 
 def summary_line(metrics: dict, out: Path) -> str:

@@ -24,11 +24,13 @@ choose (eagle3/core/params.py; docs/turn-boundary-draft.md measured them).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eagle3.core.params import LossAverage, LossPositions
 from eagle3.drafter.model import Eagle3Drafter
 from eagle3.drafter.ttt_attention import TTTCache
 from eagle3.train.data import Batch
@@ -37,6 +39,9 @@ from eagle3.train.data import Batch
 # number differs every batch, and each new row count made oneDNN build and cache new kernels
 # whose churn fragmented the heap (peak RSS grew with the steps taken; docs/results.md).
 ROW_MULTIPLE = 64
+# The positions step_valid counts: those training can count at (train.loss_positions), and drafted,
+# the tokens decoding drafts, which bench/heldout.py measures every drafter on.
+CountedPositions = Literal[LossPositions, "drafted"]
 
 
 def shift_left(x: Tensor, n: int, fill: int | bool = 0) -> Tensor:
@@ -47,7 +52,7 @@ def shift_left(x: Tensor, n: int, fill: int | bool = 0) -> Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def step_valid(batch: Batch, k: int, positions: str = "after_assistant") -> Tensor:
+def step_valid(batch: Batch, k: int, positions: CountedPositions = "after_assistant") -> Tensor:
     """[B, T] bool: position t has a trainable target at step k. Step k at t drafts token
     t+2+k from the target's prediction at t+1+k; `positions` (train.loss_positions) says which
     of those count: after_assistant = token t+1+k is an assistant token, assistant = the
@@ -60,20 +65,20 @@ def step_valid(batch: Batch, k: int, positions: str = "after_assistant") -> Tens
         valid = valid & shift_left(batch.loss_mask, n, False)
     if positions in ("assistant", "drafted"):
         valid = valid & shift_left(batch.loss_mask, n + 1, False)
-    if positions not in ("after_assistant", "assistant", "drafted"):
-        raise ValueError(f"positions {positions!r}: use after_assistant, assistant or drafted")
+    if positions not in (allowed := get_args(CountedPositions)):
+        raise ValueError(f"positions {positions!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
     return valid
 
 
-def loss_norm(batch: Batch, counts: Tensor, average: str = "token") -> Tensor:
+def loss_norm(batch: Batch, counts: Tensor, average: LossAverage = "token") -> Tensor:
     """[L]: what each TTT step's summed loss is divided by, from this batch's counted positions
     per step `counts` [L] (train.loss_average): token = those counts; row = the official
     trainer's mean over its padded [B, T] batch (T = the longest row, as its collator pads),
     the same for every step."""
     if average == "token":
         return counts
-    if average != "row":
-        raise ValueError(f"average {average!r}: use token or row")
+    if average not in get_args(LossAverage):
+        raise ValueError(f"average {average!r}: use {' or '.join(get_args(LossAverage))}")
     padded = batch.real.shape[0] * batch.real.sum(dim=1).max()
     return torch.full_like(counts, float(padded))
 
@@ -126,8 +131,8 @@ class TTTModel(nn.Module):
         draft_slot: Tensor | None = None,  # [V]: draft id of a target id, -1 if none (top-N targets)
         topk_n: int = 0,  # train on the target's top-n only (0: all the batch carries)
         full_head: Tensor | None = None,  # the target lm_head [V, H]: top-n from last_hidden
-        loss_positions: str = "after_assistant",  # train.loss_positions (step_valid)
-        loss_average: str = "token",  # train.loss_average (loss_norm)
+        loss_positions: CountedPositions = "after_assistant",  # train.loss_positions (step_valid)
+        loss_average: LossAverage = "token",  # train.loss_average (loss_norm)
     ):
         super().__init__()
         self.drafter = drafter

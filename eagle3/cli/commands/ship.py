@@ -8,10 +8,11 @@ import shutil
 from pathlib import Path
 
 from eagle3.cli.subcommand import Subcommand, fail
+from eagle3.core.pipeline import DRAFTER, metrics_path
 from eagle3.core.stageio import write_json
 
 
-def ship(name: str, drafter: str = "artifacts/train/drafter", folder: str = "drafters") -> Path:
+def ship(name: str, drafter: str = DRAFTER.as_posix(), folder: str = "drafters") -> Path:
     """Copy a trained drafter with the params and metrics that produced it into drafters/<name>/,
     so it can be committed and evaluated later with `eval.drafter` (no retraining)."""
     src, out = Path(drafter), Path(folder) / name
@@ -25,7 +26,7 @@ def ship(name: str, drafter: str = "artifacts/train/drafter", folder: str = "dra
     metrics = {
         stage: json.loads(path.read_text())
         for stage in ("extract", "vocab-map", "train", "speculative-eval")
-        if (path := Path("metrics") / f"{stage}.json").exists()
+        if (path := metrics_path(stage)).exists()
     }
     write_json(out / "metrics.json", metrics)
     return out
