@@ -755,7 +755,7 @@ def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch
     alone = parse_params({"eval": tree | {"lookup_tokens": 0}})
     deeper = serve_commands(alone, str(shipped))
     assert "--speculative-num-steps 2" in deeper["sglang"]
-    assert "draft step 2 were never trained" in deeper["notes"] and "untrained_steps: 1" in deeper["notes"]
+    assert "draft step 2 was never trained" in deeper["notes"] and "untrained_steps: 1" in deeper["notes"]
     # the exported config's own record wins over a params.yaml beside it
     (shipped / "config.json").write_text(json.dumps(config | {"eagle_config": {"ttt_length": 2}}))
     assert "prompt-lookup" not in serve_commands(alone, str(shipped))["notes"]

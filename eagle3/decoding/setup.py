@@ -42,10 +42,10 @@ def depth_warning(k: int, ttt_length: int) -> str | None:
     drafter was trained for all `k` steps."""
     if not (extra := untrained_steps(k, ttt_length)):
         return None
-    steps = f"step {k}" if extra == 1 else f"steps {ttt_length + 1}..{k}"
+    steps = f"step {k} was" if extra == 1 else f"steps {ttt_length + 1}..{k} were"
     return (
         f"warning: eval.k {k} is deeper than the drafter's trained TTT length ({ttt_length}): draft "
-        f"{steps} were never trained (served as SGLang serves them; recorded as untrained_steps: {extra})"
+        f"{steps} never trained (served as SGLang serves them; recorded as untrained_steps: {extra})"
     )
 
 
