@@ -16,11 +16,12 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from eagle3.core.device import DTYPES, machine
+from eagle3.core.device import machine
 from eagle3.core.params import TargetParams
 from eagle3.decoding.evaluate import run_comparison, summarize
 from eagle3.decoding.prompts import load_prompts, render_prompts
 from eagle3.decoding.setup import DecodingSetup
+from eagle3.dtypes.probes import DTYPES
 from eagle3.verifier.load import Target, has_chat_template
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from eagle3.backends import backend_of
 from eagle3.core.params import Params
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stage_commit import staged_outputs
 from eagle3.core.stageio import metrics_path, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.drafter.export import export_drafter
+from eagle3.dtypes.resolved import pinned
 from eagle3.train.distributed import (
     CUBLAS_DETERMINISTIC,
     is_main_process,

@@ -26,7 +26,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("*", key, "*"): reason for key, reason in TRANSPORT_KEYS.items()
 } | {
     ("*", "tracking", "eagle3/core/tracking.py"): "where MLflow logs; every output is written before it",
-    ("dtypes", "*", "*"): "runs on every dvc repro (always_changed); it lists the keys its decisions read",
+    ("dtypes", "train", "eagle3/train/prepare.py"): (
+        "dtype_shapes hands the train section to drafter_config, which reads its shape keys (listed) "
+        "and fc_norm/norm_output, which no measured size depends on; the module's other reads are "
+        "the train stage's"
+    ),
     ("*", "extract.aux_layers", "eagle3/core/params.py"): (
         "check_against_target, in the module every stage imports for the schema; the stages that "
         "resolve aux layers with it list the key (an online sglang train refuses servers whose layers "
@@ -111,3 +115,14 @@ def test_an_undeclared_read_is_caught():
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["vocab-map"]
     problems = undeclared_reads("vocab-map", stage | {"params": ["train.init"]})
     assert "vocab-map: stages/vocab_map.py reads params.vocab.size, which dvc.yaml does not list" in problems
+
+
+def test_the_dtypes_stage_lists_the_eval_shape_its_decode_decision_is_measured_at():
+    """`auto` for decoding is decided at the eval's draft shape (eagle3/dtypes/decisions.py): a
+    dtypes stage without eval.tree_budget would keep a decision measured at another verify count."""
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["dtypes"]
+    without = [p for p in stage["params"] if p != "eval.tree_budget"]
+    problems = undeclared_reads("dtypes", stage | {"params": without})
+    assert problems == [
+        "dtypes: eagle3/dtypes/decisions.py reads params.eval.tree_budget, which dvc.yaml does not list"
+    ]

@@ -301,13 +301,14 @@ class EvalParams(Section):
     lookup_tokens: int = Field(default=4, ge=0, le=64)
     temperature: float = Field(default=0.0, ge=0)
     seed: int = 0
-    # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32: on AVX2-only CPUs a
-    # bf16 forward over n tokens costs ~n one-token forwards, leaving speculation nothing to gain.
+    # auto = measured here (eagle3/dtypes/): float32 without native bf16 (on AVX2-only CPUs a bf16
+    # forward over n tokens costs ~n one-token forwards, leaving speculation nothing to gain), else
+    # the one-token and verify steps at this draft shape timed in both, as the eval spends them.
     dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
-    # The drafter's own dtype (null = eval.dtype). auto = the decode measurement's answer: its
-    # forwards are one-token steps like the target's. Measured per token of the tree alone
-    # (bench/draft_cost.py): bf16 2.5% cheaper on a Zen 4 with AVX512-BF16, 4% dearer on an
-    # AVX2 Zen 3 (emulated). Losslessness never depends on the drafter's precision.
+    # The drafter's own dtype (null = eval.dtype). auto = measured on the drafter's own step at
+    # this draft shape (eagle3/dtypes/). Per token of the tree alone (bench/draft_cost.py): bf16
+    # 2.5% cheaper on a Zen 4 with AVX512-BF16, 4% dearer on an AVX2 Zen 3 (emulated).
+    # Losslessness never depends on the drafter's precision.
     drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = "auto"
     # Pack float32 CPU weights of the target and drafter for oneDNN once (eagle3/core/packed.py): all
     # three decoders get faster, multi-token verification most. No effect on GPU or in bf16.

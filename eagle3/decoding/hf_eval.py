@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eagle3.core.params import Params
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.decoding.evaluate import EvalOutcome, eval_coverage, run_comparison, summarize, summarize_spread
 from eagle3.decoding.prompts import Prompt
 from eagle3.decoding.report import category_table, headline, interval_line
 from eagle3.decoding.setup import DecodingSetup, engine_settings
+from eagle3.dtypes.resolved import pinned
 
 
 def evaluate_on_hf(
