@@ -22,7 +22,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-# Measured bf16/float32 time ratios of a job's parts: {dtype: {part: [seconds per rep]}}.
+# The measured times of a job's parts: {dtype: {part: [seconds per rep]}}.
 Timings = Mapping[str, Mapping[str, Sequence[float]]]
 
 BF16_WINS = 0.85
