@@ -16,13 +16,14 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from eagle3.core.device import DTYPES, machine
+from eagle3.core.device import machine
 from eagle3.core.params import ParamsError, TargetParams, parse_params
 from eagle3.decoding.domains import load_domains, token_counter
 from eagle3.decoding.engine import greedy_decode
 from eagle3.decoding.evaluate import run_comparison, summarize
 from eagle3.decoding.prompts import answered, load_prompts, render_prompts
 from eagle3.decoding.setup import DecodingSetup
+from eagle3.dtypes.probes import DTYPES
 from eagle3.verifier.load import Target, has_chat_template
 
 

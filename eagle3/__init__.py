@@ -4,16 +4,17 @@ The folder list is the map, foundations first: each entry imports only entries a
 itself), never one below; tests/test_layers.py checks this against LAYERS. stages/ calls into it.
     core/               params schema, the pipeline's stages (pipeline.py), deterministic stage
                         outputs (all replaced together when a stage succeeds, none when it fails:
-                        stage_commit.py), input errors, packaged files,
-                        the machine and its dtypes, the layer-id convention every engine shares
+                        stage_commit.py), input errors, packaged files, the machine (device.py),
+                        the layer-id convention every engine shares
                         (layer_ids.py), MLflow glue; imports nothing else of eagle3
+    dtypes/             which dtype each job computes in: measured on its work, decided by one rule,
+                        kept per machine, recorded per run for DVC
     verifier/           the target model: load it, render text as it reads it, capture, patch-check
     data/               conversations, the feature store, the extraction loop
     vocab.py            the draft vocabulary (d2t/t2d) and its coverage
     drafter/            the EAGLE-3 draft model, its export and warm start
     train/              the TTT unroll, the loop, simulated acceptance
     decoding/           speculative decoding and its evaluation
-    dtype_decisions.py  what each `auto` dtype resolves to here (the dtypes stage)
     sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and
                         evaluation on SGLang servers, built on verifier/, data/, drafter/, decoding/
     backends.py         the features backends (hf, sglang) behind one protocol: the stages call it
@@ -30,13 +31,13 @@ from __future__ import annotations
 # listed before it. Read by tests/test_layers.py; nothing at run time reads it.
 LAYERS = (
     "core",
+    "dtypes",
     "verifier",
     "data",
     "vocab",
     "drafter",
     "train",
     "decoding",
-    "dtype_decisions",
     "sglang",
     "backends",
     "derived",

@@ -22,11 +22,11 @@ from eagle3.core.pipeline import (
     VOCAB_MAP,
     metrics_path,
 )
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stage_commit import staged_outputs
 from eagle3.core.stageio import write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.drafter.export import export_drafter
+from eagle3.dtypes.resolved import pinned
 from eagle3.train.distributed import (
     CUBLAS_DETERMINISTIC,
     is_main_process,

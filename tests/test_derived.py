@@ -151,3 +151,19 @@ def test_every_param_needs_a_one_line_description_and_no_list_ends_a_section():
         "grid.sizes: a list ends the section, and `dvc exp run -S` drops the blank line after a list it "
         "replaces: move another key below it in eagle3/core/params.py",
     ]
+
+
+def test_the_dtypes_stage_lists_the_eval_shape_its_decode_decision_is_measured_at():
+    """`auto` for decoding is decided at the eval's draft shape (eagle3/dtypes/decisions.py): a
+    dtypes stage without eval.tree_budget would keep a decision measured at another verify count."""
+    from dataclasses import replace
+
+    from eagle3.core.pipeline import STAGE_BY_NAME
+    from eagle3.derived.reads import unlisted_reads
+
+    stage = STAGE_BY_NAME["dtypes"]
+    assert unlisted_reads(stage) == []
+    without = replace(stage, params=tuple(p for p in stage.params if p != "eval.tree_budget"))
+    assert unlisted_reads(without) == [
+        "dtypes: eagle3/dtypes/decisions.py reads params.eval.tree_budget, which dvc.yaml does not list"
+    ]

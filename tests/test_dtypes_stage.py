@@ -16,10 +16,14 @@ import yaml
 from conftest import SHAREGPT_SAMPLE
 from project_copy import copy_code
 
-from eagle3.core.device import native_bf16, policy_path
+from eagle3.core.device import native_bf16
 from eagle3.core.params import parse_params
-from eagle3.core.resolved_dtypes import pinned, record
-from eagle3.dtype_decisions import shapes
+from eagle3.dtypes import policy
+from eagle3.dtypes.decisions import resolve
+from eagle3.dtypes.policy import policy_path
+from eagle3.dtypes.probes import DraftShape, Work
+from eagle3.dtypes.resolved import pinned, record
+from eagle3.train.prepare import dtype_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -73,13 +77,14 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
     return done.stdout + done.stderr
 
 
-def _keep(decision: str, job: str, shape) -> None:
-    """A kept measurement for `job`, as a clear, quiet run on this machine would have written it."""
+def _keep(decision: str, work: Work) -> None:
+    """A kept decision for `work`, as a clear, quiet measurement on this machine would have written it."""
     ratio = 0.5 if decision == "bfloat16" else 1.3
-    path = policy_path(job, shape)
+    verdict = "bf16 wins" if decision == "bfloat16" else "float32 wins"
+    path = policy_path(work)
     path.parent.mkdir(parents=True, exist_ok=True)
-    kept = {"float32": 1.0, "bfloat16": ratio, "ratio": ratio, "choice": decision, "clear": True}
-    path.write_text(json.dumps(kept | {"others_cores": 0.0}))
+    kept = {"choice": decision, "verdict": verdict, "ratio": ratio, "interval": [ratio - 0.1, ratio + 0.1]}
+    path.write_text(json.dumps(kept | {"machine_class": "avx512_bf16", "others_cores": 0.0}))
 
 
 @pytest.mark.skipif(not native_bf16(), reason="without native bf16, auto is float32 and nothing is measured")
@@ -97,8 +102,8 @@ def test_a_changed_decision_reruns_exactly_the_stages_it_affects(tmp_path, monke
     for entry in real_cache.iterdir() if real_cache.exists() else ():
         if entry.name != "dtype-policy":
             (cache / entry.name).symlink_to(entry)
-    drafter_shape = shapes(parse_params(tiny_params(), "test"))["drafter"]
-    _keep("bfloat16", "train", drafter_shape)
+    train_work = Work.of("train", dtype_shapes(parse_params(tiny_params(), "test"))["drafter"])
+    _keep("bfloat16", train_work)
     for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
         _run(cmd, project, env)
     _run([sys.executable, "-m", "dvc", "repro", "train"], project, env)
@@ -111,10 +116,39 @@ def test_a_changed_decision_reruns_exactly_the_stages_it_affects(tmp_path, monke
         assert f"Stage '{stage}' didn't change, skipping" in again
 
     # a remeasurement that decides otherwise: train, and only train, runs again
-    _keep("float32", "train", drafter_shape)
+    _keep("float32", train_work)
     changed = _run([sys.executable, "-m", "dvc", "repro", "train"], project, env)
     assert json.loads((project / "artifacts/dtypes/train.json").read_text())["train.dtype"] == "float32"
     assert "Running stage 'train'" in changed
     for stage in ("patch-check", "extract", "vocab-map"):
         assert f"Stage '{stage}' didn't change, skipping" in changed
     assert json.loads((project / "metrics/train.json").read_text())["dtype"] == "float32"
+
+
+def test_auto_for_decoding_is_decided_at_the_evals_draft_shape(tmp_path, monkeypatch):
+    """eval.dtype follows the decision kept for the target's decode work at the eval's verify count
+    (13 tokens by default), eval.drafter_dtype the one kept for the drafter's step: another tree
+    shape is other work, not measured yet, and resolves to nothing kept (measure=False)."""
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
+    monkeypatch.setattr(policy, "native_bf16", lambda: True)
+    policy.cpu_decision.cache_clear()
+    raw = tiny_params()
+    raw["eval"].update({"dtype": "auto", "drafter_dtype": "auto"})
+    params = parse_params(raw, "test")
+    shapes = dtype_shapes(params)
+    _keep("bfloat16", Work.of("decode", shapes["target"], DraftShape()))
+    _keep("float32", Work.of("draft", shapes["draft"], DraftShape()))
+    decode = resolve(params, shapes, measure=False)["decode"]
+    assert decode["eval.dtype"]["dtype"] == "bfloat16"
+    assert decode["eval.dtype"]["work"] == "decode (one-token and 13-token verify steps)"
+    assert decode["eval.drafter_dtype"]["dtype"] == "float32"
+    assert shapes["draft"].vocab_size == raw["vocab"]["size"]  # the drafter's step: its own vocabulary
+    raw["eval"]["tree_budget"] = 16  # with k 1 the tree holds 8 nodes: still 13 tokens, same work
+    assert (
+        resolve(parse_params(raw, "test"), shapes, measure=False)["decode"]["eval.dtype"]["dtype"]
+        == "bfloat16"
+    )
+    raw["eval"].update({"k": 2, "tree_budget": 16})
+    other = resolve(parse_params(raw, "test"), shapes, measure=False)["decode"]
+    assert other["eval.dtype"]["dtype"] == "auto"
+    assert other["eval.dtype"]["work"] == "decode (one-token and 21-token verify steps)"

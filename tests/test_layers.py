@@ -92,19 +92,19 @@ def test_an_upward_import_is_caught():
     path = PACKAGE / "drafter" / "config.py"
     up = "from eagle3.sglang.server_args import check_server_args\nimport eagle3.cli.report\n"
     assert upward_imports(path, up) == [
-        "eagle3/drafter/config.py:1 imports eagle3.sglang.server_args: layer drafter (LAYERS[4]) imports "
+        "eagle3/drafter/config.py:1 imports eagle3.sglang.server_args: layer drafter (LAYERS[5]) imports "
         "the higher layer sglang (LAYERS[8] in eagle3/__init__.py)",
-        "eagle3/drafter/config.py:2 imports eagle3.cli.report: layer drafter (LAYERS[4]) imports "
+        "eagle3/drafter/config.py:2 imports eagle3.cli.report: layer drafter (LAYERS[5]) imports "
         "the higher layer cli (LAYERS[12] in eagle3/__init__.py)",
     ]
     lazy = "def f():\n    from eagle3 import decoding\n"
     assert upward_imports(path, lazy) == [
-        "eagle3/drafter/config.py:2 imports eagle3.decoding: layer drafter (LAYERS[4]) imports "
-        "the higher layer decoding (LAYERS[6] in eagle3/__init__.py)",
+        "eagle3/drafter/config.py:2 imports eagle3.decoding: layer drafter (LAYERS[5]) imports "
+        "the higher layer decoding (LAYERS[7] in eagle3/__init__.py)",
     ]
     relative = "from ..train import loop\n"
     assert (
-        "layer drafter (LAYERS[4]) imports the higher layer train (LAYERS[5]"
+        "layer drafter (LAYERS[5]) imports the higher layer train (LAYERS[6]"
         in upward_imports(path, relative)[0]
     )
     assert upward_imports(path, "from eagle3.core.layer_ids import serving_rule\nimport eagle3\n") == []

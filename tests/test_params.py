@@ -161,7 +161,9 @@ def test_params_explain_prints_a_keys_meaning(capsys):
     assert cli(["params", "explain", "eval"]) == 0  # a section: its meaning and its keys'
     out = capsys.readouterr().out.splitlines()
     assert (
-        out[0].startswith("eval: ") and "  k: draft tokens per step (tree: depth); past train.ttt_length: a warning, untrained_steps" in out
+        out[0].startswith("eval: ")
+        and "  k: draft tokens per step (tree: depth); past train.ttt_length: a warning, untrained_steps"
+        in out
     )
 
 

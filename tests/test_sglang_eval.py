@@ -430,9 +430,7 @@ def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_
     assert len(results["prompts"]) == NUM and (project / "plots/acceptance.csv").exists()
     first = (project / "artifacts/speculative-eval/results.json").read_bytes()
     # refusals: one line, exit non-zero, no metrics written
-    for change, message in (
-        ({"sglang_eagle3_url": replays["plain"].url}, "is not speculative"),
-    ):
+    for change, message in (({"sglang_eagle3_url": replays["plain"].url}, "is not speculative"),):
         (project / "metrics/speculative-eval.json").unlink(missing_ok=True)
         _, done = run_stage(tmp_path, raw | {"eval": raw["eval"] | change})
         assert done.returncode != 0 and message in done.stderr

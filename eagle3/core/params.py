@@ -509,20 +509,20 @@ class EvalParams(Section):
         default=0.0, ge=0, description="0 = greedy; above 0 = speculative sampling at this temperature"
     )
     seed: int = Field(default=0, description="the sampling seed")
-    # auto = bfloat16 where native (AMX / AVX512-BF16 / GPU), else float32: on AVX2-only CPUs a
-    # bf16 forward over n tokens costs ~n one-token forwards, leaving speculation nothing to gain.
+    # auto = measured here (eagle3/dtypes/): float32 without native bf16 (on AVX2-only CPUs a bf16
+    # forward over n tokens costs ~n one-token forwards, leaving speculation nothing to gain), else
+    # the one-token and verify steps at this draft shape timed in both, as the eval spends them.
     dtype: Literal["auto", "bfloat16", "float32", "float64"] = Field(
         default="auto",
-        description="auto = fastest for one-token decoding here (eagle3/core/device.py); all three decoders "
-        "share it",
+        description="auto = the faster here for the one-token and verify steps of this draft shape "
+        "(eagle3/dtypes/); all three decoders share it",
     )
-    # The drafter's own dtype (null = eval.dtype). auto = the decode measurement's answer: its
-    # forwards are one-token steps like the target's. Measured per token of the tree alone
-    # (bench/draft_cost.py): bf16 2.5% cheaper on a Zen 4 with AVX512-BF16, 4% dearer on an
-    # AVX2 Zen 3 (emulated). Losslessness never depends on the drafter's precision.
+    # Per token of the tree alone (bench/draft_cost.py): bf16 2.5% cheaper on a Zen 4 with
+    # AVX512-BF16, 4% dearer on an AVX2 Zen 3 (emulated).
     drafter_dtype: Literal["auto", "bfloat16", "float32", "float64"] | None = Field(
         default="auto",
-        description="auto = as measured for decoding here; null = eval.dtype; never affects losslessness",
+        description="auto = measured on the drafter's own step at this draft shape (eagle3/dtypes/); null = "
+        "eval.dtype; never affects losslessness",
     )
     # Pack float32 CPU weights of the target and drafter for oneDNN once (eagle3/core/packed.py): all
     # three decoders get faster, multi-token verification most. No effect on GPU or in bf16.

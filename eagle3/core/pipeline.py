@@ -144,15 +144,22 @@ STAGES: tuple[Stage, ...] = (
             "train.num_attention_heads",
             "train.num_key_value_heads",
             "train.head_dim",
+            "vocab.size",
             "eval.dtype",
             "eval.drafter_dtype",
+            "eval.mode",
+            "eval.k",
+            "eval.topk",
+            "eval.tree_budget",
+            "eval.lookup_tokens",
         ),
         metrics=False,
         always_changed=True,
         staged=False,  # each decision file is written on its own, atomically
-        about="Resolves `auto` dtypes on this machine (eagle3/core/resolved_dtypes.py) on every run: its "
+        about="Resolves `auto` dtypes on this machine (eagle3/dtypes/resolved.py) on every run: its "
         "files change only when a decision does, and only the stages listing that file re-run.",
-        params_note="what a decision depends on: the dtype params and the sizes measured",
+        params_note="what a decision depends on: the dtype params, the sizes and the eval's draft shape "
+        "measured",
     ),
     Stage(
         "patch-check",
@@ -314,7 +321,11 @@ NOT_DEPS = {
 # change no byte.
 UNLISTED_READS: dict[tuple[str, str, str], str] = {
     ("*", "tracking", "eagle3/core/tracking.py"): "where MLflow logs; every output is written before it",
-    ("dtypes", "*", "*"): "runs on every dvc repro (always_changed); it lists the keys its decisions read",
+    ("dtypes", "train", "eagle3/train/prepare.py"): (
+        "dtype_shapes hands the train section to drafter_config, which reads its shape keys (listed) "
+        "and fc_norm/norm_output, which no measured size depends on; the module's other reads are "
+        "the train stage's"
+    ),
     ("*", "extract.aux_layers", "eagle3/core/params.py"): (
         "check_against_target, in the module every stage imports for the schema; the stages that "
         "resolve aux layers with it list the key (an online sglang train refuses servers whose layers "

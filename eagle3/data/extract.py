@@ -28,7 +28,6 @@ from safetensors import safe_open
 
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import TRANSPORT_KEYS, Params
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import code_sha256, sha256_json
 from eagle3.data.conversations import load_conversations, split_order
 from eagle3.data.onpolicy import generate_with_features
@@ -45,6 +44,7 @@ from eagle3.data.store import (
     write_shard,
     write_tokens,
 )
+from eagle3.dtypes.resolved import pinned
 from eagle3.verifier.capture import capture_hidden_states
 from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
 from eagle3.verifier.render import Message, Rendered, render_conversation, render_prompt

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eagle3.core.params import Params
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.decoding.engine import greedy_decode
 from eagle3.decoding.evaluate import (
     EvalOutcome,
@@ -21,6 +20,7 @@ from eagle3.decoding.evaluate import (
 from eagle3.decoding.prompts import Prompt, answered
 from eagle3.decoding.report import category_table, domain_table, headline, interval_line
 from eagle3.decoding.setup import DecodingSetup, engine_settings
+from eagle3.dtypes.resolved import pinned
 
 
 def evaluate_on_hf(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3.core.device import Shape, machine, resolve_dtype
+from eagle3.core.device import machine
 from eagle3.core.inputs import InputError
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import EvalParams, Params, TargetParams, default_aux_layers
@@ -26,6 +26,8 @@ from eagle3.decoding.engine import SpecEngine
 from eagle3.decoding.prompts import Prompt, render_prompts
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import CONFIG, load_drafter, load_drafter_config, trained_ttt_length
+from eagle3.dtypes.policy import resolve_dtype
+from eagle3.dtypes.probes import DraftShape, Shape, Work
 from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
 
 # Draft vocabulary of the untrained drafter the benches use where no exported one is given.
@@ -102,23 +104,28 @@ class DecodingSetup:
         drafter_dir: Path | None,
         drafter_dtype: str | None = None,
         pack: bool = True,
+        draft: DraftShape | None = None,
     ) -> DecodingSetup:
-        """The target in target.dtype (auto: the fastest for one-token decoding here) and the
-        drafter of `drafter_dir` in `drafter_dtype` (None: the target's; auto resolved for the
-        target's shape), both packed unless `pack` is off (a no-op outside float32 on CPU).
-        `drafter_dir` None: an untrained drafter of the target's shape, for the benches
-        (acceptance ~0: it measures the engine's own overhead)."""
-        loaded = load_target(target, job="decode")
+        """The target in target.dtype (auto: the fastest here for decoding at the draft shape
+        `draft`, None: the default eval's) and the drafter of `drafter_dir` in `drafter_dtype`
+        (None: the target's; auto: the fastest for its step at `draft`), both packed unless `pack`
+        is off (a no-op outside float32 on CPU). `drafter_dir` None: an untrained drafter of the
+        target's shape, for the benches (acceptance ~0: it measures the engine's own overhead)."""
+        loaded = load_target(target, job="decode", draft=draft)
         if drafter_dir is not None:
             _check_fits(drafter_dir, loaded)
-        dtype = loaded.model.dtype
-        if drafter_dtype is not None:
-            dtype = resolve_dtype(drafter_dtype, "decode", Shape.of(loaded.config))
-        embed = loaded.model.get_input_embeddings().weight
         if drafter_dir is None:
             cfg = DrafterConfig.from_target_config(
                 loaded.config, UNTRAINED_DRAFT_VOCAB, default_aux_layers(loaded.num_layers)
             )
+        else:
+            cfg = load_drafter_config(drafter_dir)
+        dtype = loaded.model.dtype
+        if drafter_dtype is not None:
+            work = Work.of("draft", Shape.of(cfg, cfg.draft_vocab_size), draft)
+            dtype = resolve_dtype(drafter_dtype, work)
+        embed = loaded.model.get_input_embeddings().weight
+        if drafter_dir is None:
             drafter = Eagle3Drafter(cfg, embed).to(dtype).eval().requires_grad_(False)
         else:
             drafter = load_drafter(drafter_dir, embed, dtype=dtype, target_config=loaded.config)
@@ -144,7 +151,7 @@ class DecodingSetup:
         the dtypes stage's record to decode in the dtypes it measured."""
         ev = params.eval
         target = params.target.model_copy(update={"dtype": ev.dtype})
-        return cls.load(target, drafter_dir, ev.drafter_dtype or ev.dtype, ev.pack_weights)
+        return cls.load(target, drafter_dir, ev.drafter_dtype, ev.pack_weights, DraftShape.of(ev))
 
     @property
     def eos(self) -> frozenset[int]:

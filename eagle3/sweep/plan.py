@@ -37,7 +37,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from eagle3.core.device import DTYPES
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, resolve_aux_layers
 from eagle3.data.store import FP8
@@ -52,6 +51,7 @@ from eagle3.drafter.cost import (
     training_memory,
 )
 from eagle3.drafter.export import load_drafter_config
+from eagle3.dtypes.probes import DTYPES
 from eagle3.sglang.servers import store_format
 from eagle3.sglang.transport_cost import SERVER_CPU_S_PER_NUMBER, transport_ceiling
 from eagle3.train.prepare import SHAPE_KEYS, drafter_config

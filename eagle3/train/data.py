@@ -18,8 +18,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from eagle3.core.device import resolve_dtype
 from eagle3.data.store import FeatureStore
+from eagle3.dtypes.policy import resolve_dtype
 from eagle3.train.argmax import target_argmax
 from eagle3.train.distributed import SINGLE_PROCESS, Dist
 

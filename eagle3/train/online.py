@@ -27,9 +27,9 @@ from torch import Tensor
 from eagle3.core.inputs import InputError
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import Params
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.data.extract import capture_rows, reference_sample
 from eagle3.data.store import FEATURE_KEYS, TOPK_KEYS, FeatureStore, Sample
+from eagle3.dtypes.resolved import pinned
 from eagle3.train.argmax import argmax_rows
 from eagle3.train.data import argmax_head
 from eagle3.train.prepare import TrainInputs

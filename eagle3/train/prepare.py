@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from eagle3.core.device import Shape, resolve_dtype
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, ParamsError, TrainParams
 from eagle3.core.stageio import code_sha256, read_json, sha256_file, sha256_json
@@ -23,10 +22,12 @@ from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.cost import precision_of, training_memory
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
+from eagle3.dtypes.policy import resolve_dtype
+from eagle3.dtypes.probes import Shape, Work
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads
 from eagle3.verifier.load import load_target_config, resolve_target, tokenizer_sha256
-from eagle3.vocab import MAPPING, load_mapping
+from eagle3.vocab import MAPPING, draft_size, load_mapping
 
 # Params that do not change the trained weights (a checkpoint stays valid across them).
 NOT_IN_KEY = ("checkpoint_every", "max_memory_gib")
@@ -51,7 +52,7 @@ class TrainInputs:
 
 def precision(p: TrainParams, cfg: DrafterConfig | None = None) -> tuple[torch.dtype, bool]:
     """(master weight dtype, bf16 autocast on?) for train.dtype (auto: measured for the drafter's sizes)."""
-    return precision_of(resolve_dtype(p.dtype, "train", Shape.of(cfg) if cfg is not None else None))
+    return precision_of(resolve_dtype(p.dtype, Work.of("train", Shape.of(cfg)) if cfg is not None else None))
 
 
 SHAPE_KEYS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -66,6 +67,21 @@ def drafter_config(base: DrafterConfig, p: TrainParams) -> DrafterConfig:
     except ValueError as err:  # e.g. heads not a multiple of the KV heads the target gives
         set_keys = ", ".join(f"train.{k}={getattr(p, k)}" for k in SHAPE_KEYS if getattr(p, k))
         raise ParamsError("params", [f"{set_keys or 'train'}: {err}"]) from None
+
+
+def dtype_shapes(params: Params) -> dict[str, Shape]:
+    """The sizes each `auto` dtype is measured at (eagle3/dtypes/decisions.py): the target's, the
+    drafter layer train builds, and that layer over the draft vocabulary (the drafter's step)."""
+    config = load_target_config(params.target)
+    vocab = config.get_text_config().vocab_size  # Kimi-K2.5 nests it
+    aux = [0, 1, 2]  # the drafter layer's sizes do not depend on which layers feed it
+    base = DrafterConfig.from_target_config(config, draft_size(params.vocab.size, vocab), aux)
+    drafter = drafter_config(base, params.train)
+    return {
+        "target": Shape.of(config),
+        "drafter": Shape.of(drafter),
+        "draft": Shape.of(drafter, drafter.draft_vocab_size),
+    }
 
 
 def check_memory(

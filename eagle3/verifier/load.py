@@ -30,11 +30,12 @@ from transformers import (
 )
 
 from eagle3.core.cache import cache_root
-from eagle3.core.device import Job, Shape, resolve_dtype
 from eagle3.core.inputs import InputError
 from eagle3.core.packages import package_dir
 from eagle3.core.params import PACKAGED_TARGETS, TargetParams
 from eagle3.core.stageio import sha256_file, sha256_files
+from eagle3.dtypes.policy import resolve_dtype
+from eagle3.dtypes.probes import DraftShape, Job, Shape, Work
 
 
 @dataclass(frozen=True)
@@ -295,14 +296,15 @@ def _model_class(config) -> type:
     return AutoModelForCausalLM
 
 
-def load_target(params: TargetParams, job: Job = "prefill") -> Target:
-    """The target in the dtype `target.dtype` resolves to for `job` (auto: fastest measured here)."""
+def load_target(params: TargetParams, job: Job = "prefill", draft: DraftShape | None = None) -> Target:
+    """The target in the dtype `target.dtype` resolves to for `job` (auto: fastest measured here;
+    decoding at the draft shape `draft` it verifies, None: the default eval's)."""
     if params.threads:
         torch.set_num_threads(params.threads)
     path = resolve_target(params.source)
     remote = params.trust_remote_code
     config = _config(path, remote)
-    dtype = resolve_dtype(params.dtype, job, Shape.of(config))
+    dtype = resolve_dtype(params.dtype, Work.of(job, Shape.of(config), draft))
     # MoE targets: transformers' default grouped-mm experts kernel refuses float64, its per-expert
     # loop does not (other models ignore the switch)
     experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}

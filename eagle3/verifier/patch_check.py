@@ -18,8 +18,8 @@ import transformers
 
 from eagle3.core.layer_ids import LAYER_ID_RULES, serving_rule
 from eagle3.core.params import Params, check_against_target
-from eagle3.core.resolved_dtypes import pinned
 from eagle3.core.stageio import sha256_files
+from eagle3.dtypes.resolved import pinned
 from eagle3.verifier.capture import capture_hidden_states
 from eagle3.verifier.load import Target, load_target, load_target_config
 

@@ -18,15 +18,17 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     """Resolve (measuring where needed) and print the dtypes the pipeline would use here."""
     from eagle3.core.device import machine  # loads torch
-    from eagle3.dtype_decisions import forget, resolve, table
+    from eagle3.dtypes.decisions import forget_params, resolve, table
+    from eagle3.train.prepare import dtype_shapes
 
     try:
         params = load_params(args.params)
     except ParamsError as err:
         return fail(err, soft_wrap=False)
+    shapes = dtype_shapes(params)
     if args.remeasure:
-        forget(params)
-    Console().print(table(resolve(params)))
+        forget_params(params, shapes)
+    Console().print(table(resolve(params, shapes)))
     Console().print(f"on {machine()}; `dvc repro` records these in artifacts/dtypes/")
     return 0
 

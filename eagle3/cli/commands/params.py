@@ -28,9 +28,11 @@ def params_check(path: str) -> int:
         return fail(err.one_line(), markup=False)
     console.print(f"[green]{path} is valid[/]; resolved params:")
     console.print(Syntax(yaml.safe_dump(params.model_dump(), sort_keys=False), "yaml"))
-    from eagle3.dtype_decisions import resolve, table  # loads torch
+    from eagle3.dtypes.decisions import resolve, table  # loads torch
+    from eagle3.train.prepare import dtype_shapes
 
-    console.print(table(resolve(params, measure=False)))  # never measures: `eagle3 dtypes` does
+    # never measures: `eagle3 dtypes` does
+    console.print(table(resolve(params, dtype_shapes(params), measure=False)))
     return 0
 
 

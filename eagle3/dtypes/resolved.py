@@ -1,7 +1,7 @@
 """The dtypes a pipeline run computes in, decided once and recorded where DVC sees them.
 
-`auto` dtypes are measured on the machine at hand (eagle3/core/device.py) and decided per params
-(eagle3/dtype_decisions.py). The dtypes stage writes one small file per job,
+`auto` dtypes are measured on the machine at hand (policy.py) and decided per params
+(decisions.py). The dtypes stage writes one small file per job,
 artifacts/dtypes/{prefill,train,decode}.json, holding only the resolved names; patch-check and
 extract list prefill.json as a dep, train lists train.json, speculative-eval decode.json. So a
 decision that changes (another machine, a remeasurement) re-runs exactly the stages it affects,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3.core.device import Job, native_bf16
+from eagle3.core.device import native_bf16
 from eagle3.core.params import Params
 from eagle3.core.pipeline import DTYPES
 from eagle3.core.stageio import write_json
@@ -22,7 +22,7 @@ from eagle3.core.stageio import write_json
 FOLDER = DTYPES
 
 
-def record(resolved: dict[Job, dict[str, dict[str, str]]], folder: Path = FOLDER) -> None:
+def record(resolved: dict[str, dict[str, dict[str, str]]], folder: Path = FOLDER) -> None:
     """One file per job with the resolved names only (no timings, no paths): the same decision
     gives the same bytes. train.json also says whether bf16 is native, which decides the
     dtype of the in-draft argmax pass (eagle3/train/data.py)."""
@@ -33,7 +33,7 @@ def record(resolved: dict[Job, dict[str, dict[str, str]]], folder: Path = FOLDER
         write_json(folder / f"{job}.json", content)
 
 
-def pinned(params: Params, job: Job, folder: Path = FOLDER) -> Params:
+def pinned(params: Params, job: str, folder: Path = FOLDER) -> Params:
     """`params` with each `auto` dtype of `job` replaced by the recorded decision; explicit
     dtypes stay as set. Without a record (a stage run outside DVC) the params are returned
     unchanged and resolve live."""
