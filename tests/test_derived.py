@@ -165,5 +165,6 @@ def test_the_dtypes_stage_lists_the_eval_shape_its_decode_decision_is_measured_a
     assert unlisted_reads(stage) == []
     without = replace(stage, params=tuple(p for p in stage.params if p != "eval.tree_budget"))
     assert unlisted_reads(without) == [
-        "dtypes: eagle3/dtypes/decisions.py reads params.eval.tree_budget, which dvc.yaml does not list"
+        "dtypes: eagle3/dtypes/decisions.py reads params.eval.tree_budget, which its params in "
+        "eagle3/core/pipeline.py do not list"
     ]

@@ -158,7 +158,7 @@ STAGES: tuple[Stage, ...] = (
         staged=False,  # each decision file is written on its own, atomically
         about="Resolves `auto` dtypes on this machine (eagle3/dtypes/resolved.py) on every run: its "
         "files change only when a decision does, and only the stages listing that file re-run.",
-        params_note="what a decision depends on: the dtype params, the sizes and the eval's draft shape "
+        params_note="what a decision depends on: the dtype params, the sizes and the eval draft shape "
         "measured",
     ),
     Stage(
