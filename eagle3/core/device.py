@@ -85,13 +85,17 @@ def _cpu_seconds(fn: Callable[[], object]) -> float:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` for the block (None: left as they are), and the
+    calling thread's count put back after it, also when the block changed it. The count is per
+    calling thread (OpenMP's and MKL's settings are), so a background thread may hold its own."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def _busy_seconds() -> float:
@@ -215,7 +219,7 @@ def measure_job(job: Job, shape: Shape, reps: int = REPS) -> dict:
     seconds of one thread. The two dtypes run interleaved, each rep in the other order."""
     work = {name: _job_work(job, DTYPES[name], shape) for name in ("float32", "bfloat16")}
     times: dict[str, list[float]] = {name: [] for name in work}
-    with _one_thread():
+    with torch_threads(1):
         for run in work.values():
             run()  # warm-up (oneDNN primitive creation)
         for rep in range(reps):
