@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import SHAREGPT_SAMPLE
 
+from eagle3.core.device import torch_threads
 from eagle3.core.params import parse_params
 from eagle3.core.stageio import code_sha256
 from eagle3.data import extract
@@ -206,6 +207,21 @@ def test_shards_of_other_extraction_code_are_not_resumed(smollm2, fp, tmp_path, 
     extract.extract_features(smollm2, tiny_params(), AUX, fp, out)
     again = (out / "shard-00000.safetensors").stat()
     assert (again.st_ino, again.st_mtime_ns) != (kept.st_ino, kept.st_mtime_ns)  # computed anew
+
+
+def test_shards_of_another_thread_count_are_not_resumed(smollm2, fp, tmp_path):
+    """The manifest records the torch threads the capture ran at (online training runs its forwards
+    at that count), and a run at another count computes its shards anew: one store, one count, as
+    on some CPUs a forward's last bits depend on it."""
+    out = tmp_path / "store"
+    with torch_threads(1):
+        extract_features(smollm2, tiny_params(), AUX, fp, out, stop_after_shards=1)
+    kept = (work_folder(out) / "shard-00000.safetensors").stat()
+    with torch_threads(2):
+        extract_features(smollm2, tiny_params(), AUX, fp, out)
+    again = (out / "shard-00000.safetensors").stat()
+    assert (again.st_ino, again.st_mtime_ns) != (kept.st_ino, kept.st_mtime_ns)  # computed anew
+    assert FeatureStore(out).capture_threads == 2
 
 
 def test_corrupted_shard_is_detected(uninterrupted, tmp_path):

@@ -2,7 +2,9 @@
 each batch's features from the target. Checked on the real stages with the real SmolLM2 at tiny
 sizes: a sample's features do not depend on the samples computed beside it, online training
 writes the offline drafter's bytes, a killed online run resumes to them, and the prefetch queue
-keeps its order and depth."""
+keeps its order and depth. The stores are extracted at 2 torch threads, whatever the session runs
+at, and train at the session's count (1 a rank under torchrun): online forwards must run at the
+count the store records, since on some CPUs (an AMX Xeon) a forward's bits depend on it."""
 
 from __future__ import annotations
 
@@ -17,15 +19,19 @@ import torch
 import yaml
 from fault_harness import copy_project, faults
 
-from eagle3.core.params import Params, TargetParams
+from eagle3.core.params import Params, TargetParams, load_params
 from eagle3.data.extract import capture_rows, select_conversations, token_batches
 from eagle3.data.store import FeatureStore, Sample
-from eagle3.train.online import disagreement, prefetched
+from eagle3.train.online import disagreement, hf_features, prefetched
 from eagle3.verifier.load import has_chat_template, load_target
 from eagle3.verifier.render import Rendered
 
 DRAFTER = "artifacts/train/drafter"
 CHECKPOINTS = "artifacts/train/checkpoints"
+# The extract stage's torch threads here: another count than the train ranks' (1 each under
+# torchrun on 2 cores, and 1 everywhere under xdist), whether or not the module runs alone.
+CAPTURE_THREADS = 2
+CAPTURE_ENV = {"OMP_NUM_THREADS": str(CAPTURE_THREADS)}
 
 
 # --- the prefetch queue --------------------------------------------------------------------------
@@ -130,9 +136,13 @@ def kill_once_exists(project: Path, stage: str, path: str) -> bool:
 
 @pytest.fixture(scope="module")
 def offline(faults_stages, tmp_path_factory) -> tuple[Path, dict[str, bytes], dict]:
-    """The tiny project (the session's, through vocab-map) trained from its feature store: its
-    drafter bytes and train metrics. Read only: tests train in copies."""
+    """The tiny project (the session's, through vocab-map) extracted again at CAPTURE_THREADS
+    threads and trained from its feature store: its drafter bytes and train metrics. Read only:
+    tests train in copies."""
     project = copy_project(faults_stages, tmp_path_factory.mktemp("offline"))
+    faults.must_run(project, "extract", env=CAPTURE_ENV)  # resumes every shard if it ran at 2
+    faults.must_run(project, "vocab_map")
+    assert FeatureStore(project / "artifacts/extract").capture_threads == CAPTURE_THREADS
     faults.must_run(project, "train")
     metrics = json.loads((project / "metrics/train.json").read_text())
     return project, drafter_bytes(project), metrics
@@ -145,9 +155,43 @@ def online(offline, tmp_path_factory) -> Path:
     project = copy_project(offline[0], tmp_path_factory.mktemp("online"))
     faults.remove(project, [DRAFTER, CHECKPOINTS])  # nothing of the store's training is at hand
     set_features(project, "online", recheck_every=3)
-    faults.must_run(project, "extract")
+    faults.must_run(project, "extract", env=CAPTURE_ENV)
     faults.must_run(project, "vocab_map")
+    assert FeatureStore(project / "artifacts/extract").capture_threads == CAPTURE_THREADS
     return project
+
+
+def test_online_forwards_run_at_the_stores_threads_on_the_prefetch_thread(
+    offline, online, one_thread, monkeypatch
+):
+    """The in-process feature source with the caller on 1 thread and the store extracted at 2:
+    every target forward runs at 2 on the background thread that computes batches ahead, the
+    caller keeps its 1, and the features are the store's bytes."""
+    monkeypatch.chdir(online)  # where the train stage runs: its params and recorded dtypes
+    store = FeatureStore("artifacts/extract")
+    compute, recheck, _ = hf_features(load_params(), store)
+    assert torch.get_num_threads() == 1  # loading the target left the caller's count alone
+    seen: list[int] = []
+    counting = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda *_: seen.append(torch.get_num_threads())
+    )
+    samples = [[0, 3], [5]]
+    try:
+        tokens = [[store.sample(i) for i in batch] for batch in samples]
+        rendered = [[Rendered(t["input_ids"].numpy(), t["loss_mask"].numpy()) for t in b] for b in tokens]
+        computed = list(prefetched(compute, rendered, depth=1))
+        again = recheck.again(rendered[0][0])
+    finally:
+        counting.remove()
+    assert seen and set(seen) == {CAPTURE_THREADS}
+    assert torch.get_num_threads() == 1
+    stored = FeatureStore(offline[0] / "artifacts/extract")
+    for batch, features in zip(samples, computed, strict=True):
+        for i, sample in zip(batch, features, strict=True):
+            row = stored.sample(i)
+            assert torch.equal(sample.aux_hidden, row["aux_hidden"])
+            assert torch.equal(sample.last_hidden, row["last_hidden"])
+    assert disagreement(computed[0][0], again) is None
 
 
 def without_timings(metrics: dict) -> dict:
@@ -201,8 +245,9 @@ def test_the_recheck_refuses_drifted_features():
 
 @pytest.mark.timeout(1800)
 def test_online_under_torchrun_writes_the_two_process_offline_drafter(offline, online, tmp_path):
-    """train.num_processes 2 (torchrun, gloo): each rank computes its own rows' features, and the
-    drafter equals the one two ranks train from the store."""
+    """train.num_processes 2 (torchrun, gloo): each rank computes its own rows' features, at the
+    store's 2 threads while it trains at 1, and the drafter equals the one two ranks train from
+    the store."""
     trained = {}
     for mode, built in (("store", offline[0]), ("online", online)):
         project = copy_project(built, tmp_path / mode)  # its extract and vocab-map already run

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -64,3 +66,17 @@ def machine() -> str:
         f"{cpu_model()}, {os.cpu_count()} cores, {bf16}, torch {torch.__version__} "
         f"({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads"
     )
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` for the block (None: left as they are), and the
+    calling thread's count put back after it, also when the block changed it. The count is per
+    calling thread (OpenMP's and MKL's settings are), so a background thread may hold its own."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

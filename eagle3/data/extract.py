@@ -10,7 +10,9 @@ padded width share a forward, and a row's result does not depend on the rows bes
 on this project's CPUs in float32 and bf16, and checked by tests/test_online.py). So
 `capture_rows` gives the same bytes whichever samples it is handed together, which is what lets
 online training (extract.features: online, eagle3/train/online.py) compute them again, batch by
-batch, equal to the store's.
+batch, equal to the store's. They may depend on torch's thread count (on an AMX Xeon they did; on
+the Zen 4 they do not), so the store records the count its forwards ran at (`capture_threads`)
+and online training runs its forwards at that count.
 """
 
 from __future__ import annotations
@@ -220,14 +222,17 @@ def extraction_code_sha256() -> str:
     return code_sha256(Path(__file__).resolve().parents[1], EXTRACTION_CODE)
 
 
-def config_hash(params: Params, fingerprint: dict) -> str:
-    """What a shard's journal entry must match to be resumed: params, target and code."""
+def config_hash(params: Params, fingerprint: dict, capture_threads: int | None = None) -> str:
+    """What a shard's journal entry must match to be resumed: params, target, code and the torch
+    threads the capture ran at (a forward's last bits may depend on them: one store, one count)."""
     # where the servers are and how many requests fly change no byte: a resumed run may use others
     transport = {key.split(".", 1)[1] for key in TRANSPORT_KEYS if key.startswith("extract.")}
     extract = params.extract.model_dump(exclude=transport)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
         extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}
     material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
+    if capture_threads is not None:
+        material["capture_threads"] = capture_threads
     return sha256_json(material | {"code": extraction_code_sha256()})
 
 
@@ -249,14 +254,16 @@ GroupFn = Callable[[list[Selected], Callable[[int, int], None]], list[Sample]]
 @dataclass(frozen=True)
 class Backend:
     """What an extraction backend brings to the shared loop: the tokenizer and rendering that
-    select the conversations, the target's hidden size, its shard computation, and N when its
-    samples hold the target's top-N predictions in place of last_hidden (SGLang top logprobs)."""
+    select the conversations, the target's hidden size, its shard computation, N when its
+    samples hold the target's top-N predictions in place of last_hidden (SGLang top logprobs),
+    and the torch threads its forwards run at when they run in this process (hf)."""
 
     tokenizer: object
     chat: bool
     hidden_size: int
     compute: GroupFn
     target_topk: int | None = None
+    capture_threads: int | None = None
 
 
 def hf_group_fn(target: Target, params: Params, aux_layers: list[int]) -> GroupFn:
@@ -313,7 +320,11 @@ def extract_features(
     """Fill `out_dir` with shards, token file and manifest; resumes an interrupted run of the same
     config. `options`: run_extraction's `stop_after_shards`, `stats` and `publish`."""
     chat = has_chat_template(target.source)
-    backend = Backend(target.tokenizer, chat, target.hidden_size, hf_group_fn(target, params, aux_layers))
+    compute = hf_group_fn(target, params, aux_layers)
+    # On some CPUs (an AMX Xeon) a forward's last bits depend on the thread count: the store records
+    # it, and online training runs its forwards at it (eagle3/train/online.py)
+    threads = torch.get_num_threads()
+    backend = Backend(target.tokenizer, chat, target.hidden_size, compute, capture_threads=threads)
     return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
 
 
@@ -370,6 +381,8 @@ def seal_store(
         }
     if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
         manifest |= {"features": "online", "bytes_per_token": 4 + 1}
+    if backend.capture_threads is not None:  # an online store: the count training's forwards take
+        manifest["capture_threads"] = backend.capture_threads
     manifest = write_manifest(work, manifest, key)  # sealed: tokens sha256, config hash, checksum
     (work / JOURNAL).unlink()  # the sealed manifest vouches for the shards now
     return manifest
@@ -394,7 +407,7 @@ def run_extraction(
     tokenizer, chat = backend.tokenizer, backend.chat
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = work_folder(out_dir)  # shards and journal until the run completes (store.py)
-    key = config_hash(params, fingerprint)
+    key = config_hash(params, fingerprint, backend.capture_threads)
     # Bad data fails here, before anything of the last run is removed.
     selected = select_conversations(params, tokenizer, chat)
     # Intact shards of this config (journal or finished manifest), now in `work`; the out is kept.

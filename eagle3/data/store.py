@@ -19,7 +19,9 @@ Layout of `artifacts/extract/`:
                            never reads hidden states
   manifest.json            schema version, target fingerprint, aux layer ids, dtype, and per
                            shard: samples, tokens, sha256; the token file's sha256, the hash of
-                           the config that made it, and a checksum of the manifest itself
+                           the config that made it, and a checksum of the manifest itself; for
+                           the in-process target (hf), `capture_threads`: the torch threads its
+                           forwards ran at, which online training's forwards run at too
 
 While extraction runs, its shards and `journal.json` (the shards finished so far) live in the
 work folder beside it, `artifacts/extract.partial/`, which DVC does not manage: `dvc exp run`
@@ -341,6 +343,12 @@ class FeatureStore:
     def online(self) -> bool:
         """True for a store of tokens only (extract.features: online): training computes the features."""
         return self.manifest.get("features") == "online"
+
+    @property
+    def capture_threads(self) -> int | None:
+        """The torch threads the in-process target's forwards ran at (None: a server's store, or one
+        written before the count was recorded)."""
+        return self.manifest.get("capture_threads")
 
     @property
     def target_topk(self) -> int | None:

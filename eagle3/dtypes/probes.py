@@ -28,6 +28,7 @@ from typing import Literal
 
 import torch
 
+from eagle3.core.device import torch_threads
 from eagle3.core.packed import pack_linears, packing_available
 from eagle3.dtypes.rule import TYPICAL_ACCEPTANCE, Timings
 
@@ -135,17 +136,6 @@ def _wall_seconds(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-@contextmanager
-def _threads(n: int | None) -> Iterator[None]:
-    """torch on `n` intra-op threads meanwhile (None: as set)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(n or threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _busy_seconds() -> float:
@@ -307,7 +297,7 @@ def measure(work: Work, reps: int = REPS, wall: bool = False) -> tuple[Timings, 
     load: dict = {}
     per_call = STEPS if work.job in ("decode", "draft") else 1
     timed = _wall_seconds if wall else _cpu_seconds
-    with _threads(None if wall else 1):
+    with torch_threads(None if wall else 1):
         parts = {name: _parts(work, DTYPES[name]) for name in ("float32", "bfloat16")}
         times = {name: {part: [] for part in by_part} for name, by_part in parts.items()}
         for by_part in parts.values():

@@ -24,6 +24,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from eagle3.core.device import torch_threads
 from eagle3.core.inputs import InputError
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import Params
@@ -106,25 +107,43 @@ class OnlineFeatures:
             )
 
 
+def at_threads(threads: int | None, fn: Callable[..., R]) -> Callable[..., R]:
+    """`fn` run with torch at `threads` intra-op threads on the calling thread (None: as it is)."""
+
+    def run(*args, **kwargs) -> R:
+        with torch_threads(threads):
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck, None]:
     """The in-process target as the online store's feature source: loaded as extraction loads it
     (the prefill dtype the dtypes stage recorded, packed weights), computing with extraction's
-    own `capture_rows`; the re-check is its plain forward's output_hidden_states. Its store holds
-    final-norm states, not a top-N (the None)."""
+    own `capture_rows` at the torch threads extraction ran at (the store's `capture_threads`: on
+    some CPUs a forward's bits depend on them); the re-check is its plain forward's
+    output_hidden_states. Its store holds final-norm states, not a top-N (the None)."""
     engine = store.fingerprint.get("engine")
     if engine != "transformers":
         raise InputError(
             f"the online store was checked on {engine}, not the in-process target (transformers): "
             "train it with extract.backend: sglang and its servers, or extract again with backend: hf"
         )
-    target = load_target(pinned(params, "prefill").target)
+    with torch_threads(None):  # target.threads is for the target's forwards, not the drafter's
+        target = load_target(pinned(params, "prefill").target)
     if params.extract.pack_weights:
         pack_linears(target.model)  # as extraction does: the same bytes come out
     aux = store.aux_layers
-    compute = partial(capture_rows, target, aux_layers=aux, batch_tokens=params.extract.batch_tokens)
+    # Every rank at extraction's count, whatever the ranks share the cores at: 2 ranks at 2
+    # threads on 2 cores oversubscribe them, which costs time, not bytes. A store without the
+    # count (written before it was recorded) runs at target.threads, as it was extracted.
+    threads = store.capture_threads or params.target.threads
+    compute = at_threads(
+        threads, partial(capture_rows, target, aux_layers=aux, batch_tokens=params.extract.batch_tokens)
+    )
     recheck = Recheck(
         params.online.recheck_every,
-        partial(reference_sample, target, aux_layers=aux),
+        at_threads(threads, partial(reference_sample, target, aux_layers=aux)),
         "the in-process target's plain forward (output_hidden_states)",
     )
     return compute, recheck, None
