@@ -294,9 +294,9 @@ class CountingHook(HookTransport):
         self.prefix = self.prefix.replace("e3-", HOOK_PREFIX[mode], 1)
         self.file_bytes = 0
 
-    def discard(self, rid: str) -> None:
+    def discard(self, rid: str, prompt_len: int) -> None:
         self.file_bytes = sum(p.stat().st_size for p in self.folder.glob(f"{rid}.*"))
-        super().discard(rid)
+        super().discard(rid, prompt_len)
 
 
 def one_request(mode: str, pool: CountingPool, url: str, ids: list[int], width: int, hooks: dict) -> dict:
@@ -339,7 +339,7 @@ def prompt_ids(tokens: int) -> list[int]:
 def check_rows(pool: CountingPool, url: str, ids: list[int], width: int, hooks: dict) -> dict:
     """Each hook's rows against the JSON rows of the same forward (one request asking for both):
     bf16 the same bits, fp8 the store's quantization of them (eagle3/data/store.py)."""
-    from eagle3.data.store import quantize_rows
+    from eagle3.data.wire import dequantize_rows, quantize_rows
     from eagle3.sglang.rows import parse_rows
 
     checks = {}
@@ -349,13 +349,13 @@ def check_rows(pool: CountingPool, url: str, ids: list[int], width: int, hooks: 
             response = pool.generate(url, prefill_body(ids) | {"rid": rid})
             got = hook.collect(rid, len(ids), width, url, "aux")
         finally:
-            hook.discard(rid)
+            hook.discard(rid, len(ids))
         want = parse_rows(response, len(ids), width, "aux", url).prefill
         if mode == "hook-bf16":
             same = torch.equal(got, want)
         else:
             fp8, scales = quantize_rows(want.to(torch.bfloat16))
-            same = torch.equal(got, fp8.float() * scales[:, None])
+            same = torch.equal(got, dequantize_rows(fp8, scales))
         checks[mode] = "equal" if same else "DIFFERENT"
     print(f"#   the hooks' rows against the same forward's JSON rows: {checks}", flush=True)
     return checks

@@ -10,7 +10,8 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
     dtypes/             which dtype each job computes in: measured on its work, decided by one rule,
                         kept per machine, recorded per run for DVC
     verifier/           the target model: load it, render text as it reads it, capture, patch-check
-    data/               conversations, the feature store, the extraction loop
+    data/               conversations, the feature store, the extraction loop, the rows' bytes
+                        between processes (wire.py: torch-only, imported inside SGLang servers)
     vocab.py            the draft vocabulary (d2t/t2d) and its coverage
     drafter/            the EAGLE-3 draft model, its export and warm start
     train/              the TTT unroll, the loop, simulated acceptance

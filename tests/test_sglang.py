@@ -42,7 +42,7 @@ from eagle3.sglang.check import (
 from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.extract import sglang_group_fn
 from eagle3.sglang.patch_check import check_inputs
-from eagle3.sglang.rows import PartialPrefillError, parse_rows, prefill_body, request_rows
+from eagle3.sglang.rows import FLUSH_WAITS_S, PartialPrefillError, parse_rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args
 from eagle3.sglang.servers import ExtractionServers, TopLogprobs
 from eagle3.verifier.load import eos_token_ids_of_folder, resolve_target
@@ -93,6 +93,7 @@ class Replay(ThreadingHTTPServer):
                 self.recorded[key] = fixture(f"{prefix}resp_{n:02d}.json")
         self.hit = {tuple(fixture("req_05.json")["input_ids"])} if cache_hit_first or always_hit else set()
         self.always_hit = always_hit
+        self.busy_flushes = 0  # flushes refused as SGLang refuses them while requests run
         self.references = [reference(n) for n in range(1, 5)]
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
@@ -142,6 +143,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         if self.path == "/flush_cache":
+            if self.server.busy_flushes > 0:
+                self.server.busy_flushes -= 1
+                self.reply(400, b"Flush cache failed.", "text/plain")
+                return
             self.server.flushes += 1
             if not self.server.always_hit:
                 self.server.hit.clear()
@@ -211,6 +216,20 @@ def test_cache_hit_is_flushed_and_re_requested(servers):
         ServerPool([aux.url]), prefill_body(fixture("req_01.json")["input_ids"]), 3 * H, "aux"
     )
     assert rows.prefill.shape == (61, 3 * H) and aux.flushes == 1
+
+
+def test_a_flush_refused_a_moment_after_the_reply_is_tried_again(servers):
+    """SGLang 0.5.23 may refuse a flush right after its reply, its scheduler not yet idle: a few
+    refusals are waited out (rows.FLUSH_WAITS_S); one that lasts names --disable-radix-cache."""
+    aux, _ = servers
+    body = prefill_body(fixture("req_01.json")["input_ids"])
+    aux.busy_flushes = len(FLUSH_WAITS_S)
+    rows = request_rows(ServerPool([aux.url]), body, 3 * H, "aux")
+    assert rows.prefill.shape == (61, 3 * H) and aux.flushes == 1 and aux.busy_flushes == 0
+    aux.hit.add(tuple(fixture("req_05.json")["input_ids"]))  # a cache hit again
+    aux.busy_flushes = len(FLUSH_WAITS_S) + 1
+    with pytest.raises(PartialPrefillError, match="refused to flush its cache .*--disable-radix-cache"):
+        request_rows(ServerPool([aux.url]), body, 3 * H, "aux")
 
 
 def test_a_cache_that_keeps_hitting_is_an_error():

@@ -7,6 +7,8 @@ with the real hook: tests/test_sglang_hook_live.py."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +19,7 @@ import pytest
 import torch
 from test_sglang import H, Replay, fixture
 
-from eagle3.data.store import dequantize_rows, quantize_rows
+from eagle3.data.wire import cancel_name, dequantize_rows, quantize_rows, temporary_name
 from eagle3.sglang import aux_hook
 from eagle3.sglang.aux_hook import Writer
 from eagle3.sglang.client import ServerPool
@@ -37,6 +39,7 @@ class HookReplay(Replay):
     def __init__(self, folder: Path, chunk: int = 16, dtype: str = "model", **kw):
         super().__init__("aux", **kw)
         self.folder, self.chunk, self.refuse, self.dtype = folder, chunk, None, dtype
+        self.writers: list[threading.Thread] = []
 
     def answer(self, body: dict) -> dict | None:
         response = super().answer(body)
@@ -45,15 +48,23 @@ class HookReplay(Replay):
         meta = dict(response["meta_info"])
         rows = torch.tensor(meta.pop("hidden_states")[0], dtype=torch.float32).to(torch.bfloat16)
         start = len(body["input_ids"]) - len(rows)  # a cache hit leaves the cached prefix out
-        threading.Thread(target=self.write, args=(body["rid"], rows, start)).start()
+        writer = threading.Thread(target=self.write, args=(body["rid"], rows, start))
+        self.writers.append(writer)
+        writer.start()
         return response | {"meta_info": meta}
+
+    def settle(self) -> None:
+        """Wait until this stand-in has written every piece it answered for, as a real server
+        has once its writer thread is idle: what the folder holds then is what stays."""
+        for writer in self.writers:
+            writer.join()
 
     def write(self, rid: str, rows: torch.Tensor, start: int) -> None:
         time.sleep(0.01)  # after the reply, as the hook's writer thread may
-        if self.refuse:
-            (self.folder / f"{rid}.err").write_text(self.refuse)
-            return
         writer = Writer(str(self.folder), sync=True, dtype=self.dtype)
+        if self.refuse:  # the hook's error line for the whole prompt
+            writer.error(rid, self.refuse, start + len(rows))
+            return
         for lo in range(0, len(rows), self.chunk):  # one chunk a forward
             piece = rows[lo : lo + self.chunk]
             writer.write(piece, None, None, [(rid, 0, start + lo, len(piece))])
@@ -86,13 +97,16 @@ def test_hook_rows_equal_the_json_rows_bit_for_bit_with_requests_in_flight(hook)
             assert torch.equal(rows.top_logprobs, want.top_logprobs)
     # no numbers asked for in the reply
     assert all("return_hidden_states" not in r for r in hook.requests if "rid" in r)
-    assert list(hook.folder.iterdir()) == []  # every piece removed once read
+    hook.settle()  # the request answered from the prefix cache (req_01's prompt) included
+    assert list(hook.folder.iterdir()) == []  # every piece removed once read, or dropped once cancelled
 
 
 def test_a_prefix_cache_hit_is_flushed_and_asked_again(hook):
     body = prefill_body(fixture("req_05.json")["input_ids"])  # recorded as a cache hit first
     rows = HookTransport(hook.folder).request_rows(ServerPool([hook.url]), body, WIDTH, "aux")
     assert hook.flushes == 1 and rows.prefill.shape == (len(body["input_ids"]), WIDTH)
+    hook.settle()
+    assert list(hook.folder.iterdir()) == []  # the abandoned request's later pieces too
 
 
 def test_a_server_that_keeps_hitting_its_cache_is_refused(tmp_path):
@@ -129,13 +143,32 @@ def test_a_folder_this_client_cannot_write_is_refused_before_any_request(tmp_pat
 
 
 def test_a_killed_clients_pieces_are_removed_once_stale(tmp_path):
-    old, fresh = tmp_path / "e3-host-1-ab.0-4.bfloat16", tmp_path / "e3-host-1-cd.0-4.bfloat16"
-    other = tmp_path / "x"
-    for path in (old, fresh, other):
+    """A killed client's pieces, a killed server's half-written piece and a cancel marker whose
+    request never reached its last piece: removed once stale, and nothing fresh or foreign."""
+    old = [
+        tmp_path / "e3-host-1-ab.0-4.bfloat16",
+        tmp_path / temporary_name("e3-host-1-ab.4-8.bfloat16", 77),
+        tmp_path / cancel_name("e3-host-1-ef"),
+    ]
+    fresh, other = tmp_path / "e3-host-1-cd.0-4.bfloat16", tmp_path / "x"
+    for path in (*old, fresh, other):
         path.write_bytes(b"\0" * 8)
-    os.utime(old, (time.time() - STALE_S - 1, time.time() - STALE_S - 1))
-    assert remove_stale(tmp_path) == 1
+    for path in old:
+        os.utime(path, (time.time() - STALE_S - 1, time.time() - STALE_S - 1))
+    assert remove_stale(tmp_path) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, other.name])
+
+
+def test_a_client_removes_stale_files_while_it_runs_not_only_when_it_starts(hook):
+    transport = HookTransport(hook.folder)
+    stale = hook.folder / "e3-host-1-ab.0-4.bfloat16"
+    stale.write_bytes(b"\0" * 8)
+    os.utime(stale, (time.time() - STALE_S - 1, time.time() - STALE_S - 1))
+    transport.request_rows(ServerPool([hook.url]), recorded(2), WIDTH, "aux")
+    assert stale.exists()  # swept at the start, and not again within STALE_S / 2
+    transport.swept_at -= STALE_S / 2  # half of STALE_S later
+    transport.request_rows(ServerPool([hook.url]), recorded(2), WIDTH, "aux")
+    assert not stale.exists()
 
 
 def recorded_rows(n: int) -> torch.Tensor:
@@ -164,8 +197,7 @@ def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound
             got = transport.request_rows(pool, body, WIDTH, "aux").prefill
             rows = request_rows(pool, body, WIDTH, "aux").prefill.to(torch.bfloat16)  # the JSON rows
             fp8, scales = quantize_rows(rows)
-            assert torch.equal(got, fp8.float() * scales[:, None])  # float32, before the store's bf16 cast
-            assert torch.equal(got.to(torch.bfloat16), dequantize_rows(fp8, scales))
+            assert torch.equal(got, dequantize_rows(fp8, scales))  # float32, before the store's bf16 cast
             # an fp8 store of these rows (bf16, as extraction keeps them) holds the same bytes
             again, again_scales = quantize_rows(got.to(torch.bfloat16))
             assert torch.equal(again.view(torch.uint8), fp8.view(torch.uint8))
@@ -179,22 +211,6 @@ def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound
         assert list(tmp_path.iterdir()) == []
     finally:
         hook.close()
-
-
-@pytest.mark.parametrize("rows_at_a_time", [None, 3])
-def test_the_hooks_fp8_formula_is_the_stores_bit_for_bit(monkeypatch, rows_at_a_time):
-    if rows_at_a_time:  # the CPU's chunks: a row's bytes never depend on them
-        monkeypatch.setattr(aux_hook, "QUANTIZE_BYTES", rows_at_a_time * 4 * WIDTH)
-    gen = torch.Generator().manual_seed(0)
-    magnitudes = torch.logspace(-30, 30, 64).reshape(64, 1)  # subnormal fp8 steps to huge rows
-    rows = torch.cat([recorded_rows(2), torch.randn(64, WIDTH, generator=gen) * magnitudes]).to(
-        torch.bfloat16
-    )
-    rows[3, :7] = 0  # zeros inside a row
-    rows = torch.cat([rows, torch.zeros(2, WIDTH, dtype=torch.bfloat16)])
-    ours, store = aux_hook.quantize_rows(rows), quantize_rows(rows)
-    assert torch.equal(ours[0].view(torch.uint8), store[0].view(torch.uint8))
-    assert torch.equal(ours[1], store[1])
 
 
 class ForwardBatch:
@@ -230,6 +246,89 @@ def test_the_hook_writes_its_requests_pieces_of_a_batched_forward_and_nothing_el
         (rows[:4, :H], [x[:4] for x in layers]),
     )
     assert len(list(tmp_path.iterdir())) == 2
+
+
+def forward(hook: aux_hook.Hook, rid: str, start: int, n: int, positions: torch.Tensor | None = None) -> None:
+    """One prefill forward of `rid` alone through the hook: positions start..start+n-1."""
+    layers = [torch.randn(n, H).to(torch.bfloat16) for _ in range(3)]
+    positions = torch.arange(start, start + n) if positions is None else positions
+    hook(None, (None, positions, ForwardBatch([rid], [n], [start])), (layers[0], layers))
+
+
+def test_pieces_of_a_request_given_up_on_are_dropped_even_when_written_after_the_discard(tmp_path):
+    """A prefix-cache hit: the client reads the first piece (positions 8-11 of 20), gives up and
+    discards the request while the server still has its chunks 12-15 and 16-19 to write; the hook
+    writes them after the discard, on purpose, one with positions it cannot place (an error
+    line). The hook drops both, and its last piece removes the client's cancel marker."""
+    hook = aux_hook.make_hook({"dir": str(tmp_path), "sync": True})
+    transport = HookTransport(tmp_path)
+    rid = transport.new_rid()
+    forward(hook, rid, 8, 4)  # the cached prefix 0-7 is not computed
+    with pytest.raises(PartialPrefillError, match="rows start at position 8 of 20"):
+        transport.collect(rid, 20, WIDTH, "server", "aux")
+    transport.discard(rid, 20)
+    assert [p.name for p in tmp_path.iterdir()] == [cancel_name(rid)]
+    forward(hook, rid, 12, 4, positions=torch.arange(4))  # late, and not placeable: no error line
+    assert [p.name for p in tmp_path.iterdir()] == [cancel_name(rid)]
+    forward(hook, rid, 16, 4)  # late, the last piece: dropped, and the marker with it
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("prompt_len", [8, 12])
+def test_a_piece_named_just_after_the_clients_look_is_removed_by_the_hooks_second_look(tmp_path, prompt_len):
+    """The other order: the hook finds no marker, then the client gives up and removes what it
+    sees, and only then is the hook's piece renamed into place. The hook looks again after the
+    rename, finds the marker and removes the piece (and, with the last piece, the marker)."""
+    hook = aux_hook.make_hook({"dir": str(tmp_path), "sync": True})
+    transport = HookTransport(tmp_path)
+    rid = transport.new_rid()
+    forward(hook, rid, 0, 4)
+    place = hook.writer.place
+
+    def the_client_gives_up_first(name: str, payload: bytes) -> str:
+        transport.discard(rid, prompt_len)
+        assert [p.name for p in tmp_path.iterdir()] == [cancel_name(rid)]
+        return place(name, payload)
+
+    hook.writer.place = the_client_gives_up_first  # between the hook's first look and its rename
+    forward(hook, rid, 4, 4)
+    hook.writer.place = place
+    if prompt_len == 12:  # not the last piece: the marker stays for the last one
+        assert [p.name for p in tmp_path.iterdir()] == [cancel_name(rid)]
+        forward(hook, rid, 8, 4)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_request_given_up_on_after_its_last_piece_leaves_no_marker(tmp_path):
+    """Nothing more comes once the last piece is there, so no marker is left for nobody to remove."""
+    hook = aux_hook.make_hook({"dir": str(tmp_path), "sync": True})
+    transport = HookTransport(tmp_path)
+    rid = transport.new_rid()
+    forward(hook, rid, 8, 4)
+    forward(hook, rid, 12, 4)
+    with pytest.raises(PartialPrefillError, match="rows start at position 8 of 16"):
+        transport.collect(rid, 16, WIDTH, "server", "aux")
+    transport.discard(rid, 16)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_hook_imports_only_torch_the_standard_library_and_the_wire_module():
+    """SGLang imports the factory by its dotted name in each scheduler process (importlib, from
+    --forward-hooks), where the project's other dependencies may be missing."""
+    code = (
+        "import sys, torch; before = set(sys.modules); import eagle3.sglang.aux_hook; "
+        "print(' '.join(sorted(set(sys.modules) - before)))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    added = run.stdout.split()
+    assert {name.split(".")[0] for name in added} - set(sys.stdlib_module_names) == {"eagle3"}
+    assert sorted(name for name in added if name.startswith("eagle3")) == [
+        "eagle3",
+        "eagle3.data",
+        "eagle3.data.wire",
+        "eagle3.sglang",
+        "eagle3.sglang.aux_hook",
+    ]
 
 
 def test_a_hook_dtype_it_cannot_write_is_refused_by_name(tmp_path):

@@ -87,7 +87,7 @@ def test_batched_and_chunked_hook_rows_are_the_json_rows_of_the_same_forwards(ho
         response = pool.generate(server.url, prefill_body(ids, TOPK) | {"rid": rid})
         given = torch.tensor(response["meta_info"]["hidden_states"][0], dtype=torch.float32)
         handed = transport.collect(rid, len(ids), WIDTH, server.url, "aux rows")
-        transport.discard(rid)
+        transport.discard(rid, len(ids))
         return given, handed
 
     with ThreadPoolExecutor(16) as threads:

@@ -13,8 +13,9 @@ Layout of `artifacts/extract/`:
                            An fp8 store (extract.store_dtype: float8_e4m3fn, manifest "dtype")
                            holds aux_hidden and last_hidden as float8_e4m3fn with one float32
                            scale per row beside each (aux_scale [N], last_scale [N]): row amax /
-                           448, 1 for a zero row; quantized from the bf16 rows, so the same
-                           features give the same bytes. Reads return bf16 (fp8 x scale)
+                           448, 1 for a zero row; quantized from the bf16 rows
+                           (eagle3/data/wire.py, as the SGLang hook's fp8 pieces are), so the
+                           same features give the same bytes. Reads return bf16 (fp8 x scale)
   tokens.safetensors       input_ids, loss_mask and offsets of all samples, so vocab-map
                            never reads hidden states
   manifest.json            schema version, target fingerprint, aux layer ids, dtype, and per
@@ -56,6 +57,7 @@ from safetensors.torch import save as save_tensors
 
 from eagle3.core.inputs import InputError
 from eagle3.core.stageio import sha256_file, sha256_json, write_bytes, write_json
+from eagle3.data.wire import FP8, dequantize_rows, quantize_rows
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -65,11 +67,8 @@ FEATURE_KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
 TOPK_KEYS = ("input_ids", "loss_mask", "aux_hidden", "target_topk_ids", "target_topk_logprobs")
 TOKEN_KEYS = ("input_ids", "loss_mask")  # an online store: features are computed while training
 SHARD_NAME = re.compile(r"shard-(\d{5})\.safetensors")
-FP8 = "float8_e4m3fn"
 STORE_DTYPES = ("bfloat16", FP8)  # extract.store_dtype: how hidden states are kept
-FP8_MAX = 448.0  # the largest float8_e4m3fn value: a row's amax is stored as it
 SCALES = {"aux_hidden": "aux_scale", "last_hidden": "last_scale"}  # an fp8 store's row scales
-QUANTIZE_ROWS = 4096  # rows quantized at a time: float32 copies of a chunk, not of a whole shard
 RERUN = "re-run the extract stage (dvc repro extract): it recomputes only what is damaged"
 
 
@@ -142,28 +141,6 @@ def feature_bytes_per_token(hidden: int, dtype: str = "bfloat16", target_topk: i
     if target_topk:
         return rows + target_topk * 8
     return rows + hidden * (1 if fp8 else 2) + (4 if fp8 else 0)
-
-
-def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8_e4m3fn rows and their float32 scales (row amax / 448; 1 where that is 0, so a zero
-    row stays zero) of bf16 rows [N, D]: element-wise float32 arithmetic, the same bytes on
-    every run and whatever the chunking."""
-    fp8 = torch.empty(rows.shape, dtype=torch.float8_e4m3fn)
-    scales = torch.empty(rows.shape[0], dtype=torch.float32)
-    for lo in range(0, rows.shape[0], QUANTIZE_ROWS):
-        part = rows[lo : lo + QUANTIZE_ROWS].float()
-        scale = part.abs().amax(-1) / FP8_MAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        fp8[lo : lo + QUANTIZE_ROWS] = (
-            (part / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        )
-        scales[lo : lo + QUANTIZE_ROWS] = scale
-    return fp8, scales
-
-
-def dequantize_rows(fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """bf16 rows of an fp8 store: fp8 -> float32 x the row's scale -> bf16."""
-    return (fp8.float() * scales[:, None]).to(torch.bfloat16)
 
 
 def write_shard(folder: Path, index: int, samples: list[Sample], dtype: str = "bfloat16") -> dict:
@@ -394,13 +371,15 @@ class FeatureStore:
         lo, hi = offsets[local], offsets[local + 1]
         if self.dtype != FP8:
             return {key: handle.get_slice(key)[lo:hi] for key in self.keys}
+
         # the same keys and dtypes as a bf16 store's: readers never see the fp8 rows or scales
-        return {
-            key: dequantize_rows(handle.get_slice(key)[lo:hi], handle.get_slice(SCALES[key])[lo:hi])
-            if key in SCALES
-            else handle.get_slice(key)[lo:hi]
-            for key in self.keys
-        }
+        def read(key: str) -> torch.Tensor:
+            rows = handle.get_slice(key)[lo:hi]
+            if key not in SCALES:
+                return rows
+            return dequantize_rows(rows, handle.get_slice(SCALES[key])[lo:hi]).to(torch.bfloat16)
+
+        return {key: read(key) for key in self.keys}
 
     def tokens(self) -> dict[str, torch.Tensor]:
         """input_ids, loss_mask and offsets of all samples, checked against the manifest first."""

@@ -2,9 +2,11 @@
 through --forward-hooks, writing each request's EAGLE-3 aux rows as raw bytes into a hand-over
 folder instead of JSON numbers. The client side is eagle3/sglang/handover.py.
 
-It runs inside the SGLang server's Python, so it imports torch and the standard library only
-(SGLang lazily, for checks that make sense inside a server); the server needs the repository
-root on its PYTHONPATH. Launch the aux-mode server as extraction needs it, plus:
+It runs inside the SGLang server's Python, so it imports torch, the standard library and
+eagle3/data/wire.py (itself torch-only) and nothing else of the project (SGLang lazily, for checks
+that make sense inside a server); SGLang imports it by its dotted name in each scheduler process,
+so the server needs the repository root on its PYTHONPATH. Launch the aux-mode server as
+extraction needs it, plus:
 
     --forward-hooks '[{"name": "eagle3_aux", "target_modules": ["model", "language_model.model"],
                        "hook_factory": "eagle3.sglang.aux_hook:make_hook",
@@ -17,20 +19,20 @@ list SGLang's return_hidden_states path concatenates, so the bytes equal the JSO
 Per prefill (EXTEND) forward the batch's rows are split by request with extend_seq_lens and
 each piece is written as `<dir>/<rid>.<start>-<end>.<dtype>`: positions start..end-1 (start =
 extend_prefix_lens: a cached prefix, or the earlier chunks of a chunked prefill), each row the
-aux layers' states side by side in the model's dtype, row-major. A piece appears under its name
-only once complete (a temporary name, then a rename). A request whose rows cannot be placed
-gets `<dir>/<rid>.err` (one line: why). Decode forwards are skipped. Only attention-TP rank 0
-writes: every TP rank holds the same rows.
+aux layers' states in the model's dtype, row-major. A piece appears under its name only once
+complete (a temporary name, then a rename). A request whose rows cannot be placed gets
+`<dir>/<rid>.err` (one line: why). A request the client gave up on (`<dir>/<rid>.cancel`) gets
+nothing more, and its last piece removes the marker. Decode forwards are skipped. Only
+attention-TP rank 0 writes: every TP rank holds the same rows. The names and the bytes are
+eagle3/data/wire.py's.
 
 config: dir (else $EAGLE3_HANDOVER_DIR), rid_prefix (default "e3-": only requests whose rid starts
 with it are written, so other traffic leaves nothing behind), sync (default false: a writer
 thread; true: written before the forward returns), dtype (default: the model's; "float8_e4m3fn"
-writes each piece as `<rid>.<start>-<end>.float8_e4m3fn`: its n rows as float8_e4m3fn [n, W]
-row-major, then one float32 scale per row [n], native byte order, n * (W + 4) bytes; quantized
-as the feature store's fp8 shards are (eagle3/data/store.py quantize_rows: scale = row amax /
-448, 1 for a zero row; row / scale clamped to +-448, rounded to e4m3), so a piece's bytes equal
-the store's quantization of the same bf16 rows; about half the bytes of bf16 rows, quantized in
-the forward's thread on its device, so a GPU copies half the bytes to the host).
+writes each piece as fp8 rows then one float32 scale per row, quantized as the feature store's
+fp8 shards are (wire.quantize_rows), so a piece's bytes equal the store's quantization of the
+same bf16 rows; about half the bytes of bf16 rows, quantized in the forward's thread on its
+device, so a GPU copies half the bytes to the host).
 """
 
 from __future__ import annotations
@@ -38,39 +40,30 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import re
 import threading
+from collections.abc import Callable
+from functools import partial
 
 import torch
+
+from eagle3.data.wire import (
+    FP8,
+    SAFE_RID,
+    Piece,
+    cancel_name,
+    cancelled_length,
+    dtype_tag,
+    error_name,
+    error_text,
+    quantize_rows,
+    temporary_name,
+)
 
 logger = logging.getLogger(__name__)
 
 DIR_ENV = "EAGLE3_HANDOVER_DIR"
-SAFE_RID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 PENDING_FORWARDS = 8  # forwards' rows held on the host while the writer catches up
-FP8 = "float8_e4m3fn"
-FP8_MAX = 448.0  # the largest float8_e4m3fn value: a row's amax is written as it
-QUANTIZE_BYTES = 1 << 20  # float32 rows quantized at a time on a CPU
 DTYPES = ("model", FP8)  # config "dtype": the model's own (the default), or fp8 rows and row scales
-
-
-def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8_e4m3fn rows and their float32 scales: the formula of the feature store's fp8 shards
-    (eagle3/data/store.py quantize_rows, which a server's Python cannot import without the
-    project's dependencies; a test holds the two to the same bytes) in fewer passes: a row's
-    |x| max as max(max, -min) in its own dtype and the division promoted to float32 are exact,
-    the same bits. On a CPU a few rows at a time, their float32 copies kept in cache (2.4x
-    faster at Kimi-K2.5's width); element-wise, so the same bytes whatever the chunking."""
-    fp8 = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=rows.device)
-    scales = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
-    step = rows.shape[0] if rows.is_cuda else max(1, QUANTIZE_BYTES // (4 * max(1, rows.shape[-1])))
-    for lo in range(0, rows.shape[0], step):
-        part = rows[lo : lo + step]
-        scale = torch.maximum(part.amax(-1), -part.amin(-1)).float() / FP8_MAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        fp8[lo : lo + step] = (part / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX)  # float32, then e4m3
-        scales[lo : lo + step] = scale
-    return fp8, scales
 
 
 def server_refusals() -> list[str]:
@@ -123,9 +116,12 @@ class Writer:
         if not sync:
             threading.Thread(target=self._loop, name="eagle3-aux-writer", daemon=True).start()
 
-    def submit(self, job: tuple) -> None:
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run `job` (a write or an error line) after the jobs before it: a request's files
+        appear in forward order, so the client knows that once its last one is there, every
+        other one is too."""
         if self.sync:
-            self.write(*job)
+            job()
         else:
             self.jobs.put(job)
 
@@ -133,13 +129,14 @@ class Writer:
         while True:
             job = self.jobs.get()
             try:
-                self.write(*job)
+                job()
             except Exception:  # one forward's failure must not stop the writer
                 logger.exception("eagle3 aux hook: writing a forward's rows failed")
 
-    def place(self, name: str, payload: bytes | memoryview) -> None:
+    def place(self, name: str, payload: bytes | memoryview) -> str:
+        """Write `name` whole: a temporary name, then a rename. Returns its path."""
         final = os.path.join(self.folder, name)
-        temp = os.path.join(self.folder, f".{name}.{os.getpid()}.tmp")
+        temp = os.path.join(self.folder, temporary_name(name, os.getpid()))
         try:
             with open(temp, "wb") as out:
                 out.write(payload)
@@ -148,10 +145,43 @@ class Writer:
             if os.path.exists(temp):
                 os.remove(temp)  # a full disk leaves no half piece behind
             raise
+        return final
 
-    def error(self, rid: str, why: str) -> None:
+    def cancelled(self, rid: str, end: int | None) -> bool:
+        """Whether the client gave up on `rid` (its cancel marker is there). The request's last
+        piece (`end` reaching the marker's prompt length) removes the marker: no forward of the
+        request comes after it."""
+        marker = os.path.join(self.folder, cancel_name(rid))
         try:
-            self.place(f"{rid}.err", (why + "\n").encode())
+            with open(marker) as text:
+                length = cancelled_length(text.read())
+        except FileNotFoundError:
+            return False
+        if end is not None and length is not None and end >= length:
+            try:
+                os.remove(marker)
+            except FileNotFoundError:  # the client saw the last piece and removed it too
+                pass
+        return True
+
+    def hand_over(self, rid: str, name: str, payload: bytes | memoryview, end: int | None) -> None:
+        """Place a file of `rid` (rows up to position `end`, or an error line) unless the client
+        cancelled the request. The client writes its marker and then removes the request's
+        files; the hook renames a file into place and then looks for the marker again: whichever
+        of the two comes second sees the other's file, so no file outlives a cancel."""
+        if self.cancelled(rid, end):
+            return
+        path = self.place(name, payload)
+        if self.cancelled(rid, end):
+            try:
+                os.remove(path)
+            except FileNotFoundError:  # the client's removal came first
+                pass
+
+    def error(self, rid: str, why: str, end: int | None) -> None:
+        """`<rid>.err`: why the rows up to position `end` (None: unknown) cannot be placed."""
+        try:
+            self.hand_over(rid, error_name(rid), error_text(why, end).encode(), end)
         except OSError:
             logger.exception(f"eagle3 aux hook: cannot even report {rid}'s failure")
 
@@ -165,24 +195,24 @@ class Writer:
             event.synchronize()
         if self.fp8 and scales is None:
             rows, scales = quantize_rows(rows)
-        tag = FP8 if self.fp8 else str(rows.dtype).removeprefix("torch.")
+        tag = FP8 if self.fp8 else dtype_tag(rows.dtype)
         as_bytes = rows.view(torch.uint8)  # [T, W * itemsize], no copy
         for rid, offset, start, n in pieces:
             if positions is not None:
                 got = positions[offset : offset + n]
                 if not torch.equal(got, torch.arange(start, start + n, dtype=got.dtype)):
                     why = f"positions {got[:4].tolist()}... do not start at the extend prefix {start}"
-                    self.error(rid, why)
+                    self.error(rid, why, start + n)
                     continue
             try:
-                if self.fp8:  # the fp8 rows, then their float32 scales
+                if self.fp8:  # the fp8 rows, then their float32 scales (wire.decode_piece)
                     fp8 = as_bytes[offset : offset + n].numpy().tobytes()
                     payload = fp8 + scales[offset : offset + n].numpy().tobytes()
                 else:
                     payload = as_bytes[offset : offset + n].numpy().data
-                self.place(f"{rid}.{start}-{start + n}.{tag}", payload)
+                self.hand_over(rid, Piece(rid, start, start + n, tag).name, payload, start + n)
             except OSError as err:  # full or not writable: the client stops with this line
-                self.error(rid, f"cannot write {self.folder}: {err.strerror or err}")
+                self.error(rid, f"cannot write {self.folder}: {err.strerror or err}", start + n)
 
 
 def forward_batch(args: tuple):
@@ -192,41 +222,36 @@ def forward_batch(args: tuple):
     return None
 
 
-def make_hook(config: dict):
-    """SGLang calls this once per matched spec with the spec's "config"; the returned callable
-    is registered with register_forward_hook on every matched module."""
-    folder = config.get("dir") or os.environ.get(DIR_ENV)
-    if not folder:
-        raise ValueError(f"eagle3 aux hook: give config.dir or ${DIR_ENV} (the hand-over folder)")
-    os.makedirs(folder, exist_ok=True)
-    if refusals := server_refusals():
-        raise RuntimeError("eagle3 aux hook: " + "; ".join(refusals))
-    writer = Writer(folder, sync=bool(config.get("sync", False)), dtype=str(config.get("dtype", "model")))
-    prefix = str(config.get("rid_prefix", "e3-"))
-    rank: list[int] = []  # resolved on the first call: the process groups exist by then
-    warned: set[str] = set()
+class Hook:
+    """The callable SGLang registers (register_forward_hook) on every matched module: splits a
+    prefill forward's aux rows by request and hands this project's requests to the writer."""
 
-    def warn_once(key: str, message: str) -> None:
-        if key not in warned:
-            warned.add(key)
+    def __init__(self, writer: Writer, prefix: str):
+        self.writer, self.prefix = writer, prefix
+        self.rank: int | None = None  # resolved on the first call: the process groups exist by then
+        self.warned: set[str] = set()
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
             logger.error(message)
 
-    def hook(module, args, output):
-        if not rank:
-            rank.append(writer_rank())
+    def __call__(self, module, args: tuple, output) -> None:
+        if self.rank is None:
+            self.rank = writer_rank()
         batch = forward_batch(args)
-        if rank[0] != 0 or batch is None or batch.forward_mode.name != "EXTEND":
+        if self.rank != 0 or batch is None or batch.forward_mode.name != "EXTEND":
             return None
         if not (isinstance(output, tuple) and len(output) == 2):
-            warn_once(
+            self.warn_once(
                 "aux",
                 "eagle3 aux hook: the hooked module returned no aux states: launch with "
                 "--enable-return-aux-hidden-states and hook the inner model",
             )
             return None
-        aux = output[1]
+        aux, writer = output[1], self.writer
         rids = list(batch.rids or [])
-        ours = [i for i, rid in enumerate(rids) if rid.startswith(prefix)]
+        ours = [i for i, rid in enumerate(rids) if rid.startswith(self.prefix)]
         fresh = isinstance(aux, (list, tuple))
         if not ours or (fresh and not aux):  # other traffic costs no copy
             return None
@@ -237,13 +262,16 @@ def make_hook(config: dict):
             why = f"{total} rows for extend lengths {lens} of {len(rids)} requests"
             for i in ours:
                 if SAFE_RID.match(rids[i]):
-                    writer.error(rids[i], why)
-            warn_once("shape", f"eagle3 aux hook: {why}")
+                    end = starts[i] + lens[i] if len(rids) == len(lens) == len(starts) else None
+                    writer.submit(partial(writer.error, rids[i], why, end))
+            self.warn_once("shape", f"eagle3 aux hook: {why}")
             return None
         offsets = [sum(lens[:i]) for i in range(len(lens))]
         pieces = [(rids[i], offsets[i], starts[i], lens[i]) for i in ours if SAFE_RID.match(rids[i])]
         if len(pieces) != len(ours):
-            warn_once("rid", "eagle3 aux hook: a request id is not a safe file name; its rows are skipped")
+            self.warn_once(
+                "rid", "eagle3 aux hook: a request id is not a safe file name; its rows are skipped"
+            )
         if not pieces:
             return None
         # a list (Llama, Qwen3) is concatenated into fresh storage; a packed tensor (DeepSeek,
@@ -267,7 +295,18 @@ def make_hook(config: dict):
         else:
             host = rows.contiguous() if fresh else rows.clone()
             pos, event = (positions.clone() if positions is not None else None), None
-        writer.submit((host, pos, event, pieces, scales))
+        writer.submit(partial(writer.write, host, pos, event, pieces, scales))
         return None  # the output as it was
 
-    return hook
+
+def make_hook(config: dict) -> Hook:
+    """SGLang calls this once per matched spec with the spec's "config"; the returned callable
+    is registered with register_forward_hook on every matched module."""
+    folder = config.get("dir") or os.environ.get(DIR_ENV)
+    if not folder:
+        raise ValueError(f"eagle3 aux hook: give config.dir or ${DIR_ENV} (the hand-over folder)")
+    os.makedirs(folder, exist_ok=True)
+    if refusals := server_refusals():
+        raise RuntimeError("eagle3 aux hook: " + "; ".join(refusals))
+    writer = Writer(folder, sync=bool(config.get("sync", False)), dtype=str(config.get("dtype", "model")))
+    return Hook(writer, str(config.get("rid_prefix", "e3-")))

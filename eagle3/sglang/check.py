@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from eagle3.core.layer_ids import LayerIdRule
-from eagle3.data.store import quantize_rows
+from eagle3.data.wire import dequantize_rows, quantize_rows
 from eagle3.sglang.client import ServerPool
 from eagle3.sglang.handover import HookTransport
 from eagle3.sglang.rows import generate_body, prefill_body, request_rows
@@ -200,7 +200,7 @@ def check_transport(
                 given = torch.tensor(states[0], dtype=torch.float32).reshape(-1, width)
                 return given, transport.collect(rid, len(ids), width, url, "aux rows")
             finally:
-                transport.discard(rid)
+                transport.discard(rid, len(ids))
 
         sent = [ids for ids in inputs for _ in range(copies)]
         with ThreadPoolExecutor(len(sent)) as pool:
@@ -211,7 +211,7 @@ def check_transport(
             if len(given) and given.shape == tail.shape and not torch.equal(given, tail):
                 # an fp8 hook: its rows must be the feature store's quantization of the JSON rows
                 fp8, scales = quantize_rows(given.to(torch.bfloat16))
-                if torch.equal(fp8.float() * scales[:, None], tail):
+                if torch.equal(dequantize_rows(fp8, scales), tail):
                     dtypes.add("float8_e4m3fn")
                     compared += len(given)
                     continue

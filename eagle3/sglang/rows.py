@@ -22,6 +22,7 @@ prompt, then output entry t - P + 1 from the last prompt position P - 1 on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,10 @@ from eagle3.sglang.client import ServerPool, SGLangError
 
 # Flushes and re-requests before a prefix-cache hit is reported as an error.
 CACHE_HIT_RETRIES = 3
+# SGLang 0.5.23 may answer a request a moment before its scheduler counts it finished, and then
+# refuses a flush as if other requests ran ("pending requests. #queue-req: 0, #running-req: 0",
+# seen live with one request in flight): waits before each further try.
+FLUSH_WAITS_S = (0.05, 0.25, 1.0)
 
 
 class PartialPrefillError(SGLangError):
@@ -190,7 +195,7 @@ def with_cache_retries(pool: ServerPool, once: Callable[[str], Rows]) -> Rows:
         except PartialPrefillError as err:
             last = err
             try:
-                pool.flush_cache(url)
+                _flush(pool, url)
             except SGLangError as refused:  # SGLang 0.5.23 flushes only an idle server (HTTP 400)
                 raise PartialPrefillError(
                     f"{err}, and the server refused to flush its cache ({refused}): it flushes only "
@@ -200,6 +205,16 @@ def with_cache_retries(pool: ServerPool, once: Callable[[str], Rows]) -> Rows:
         f"{last}; still after {CACHE_HIT_RETRIES} cache flushes: launch the extraction servers "
         "with --disable-radix-cache"
     )
+
+
+def _flush(pool: ServerPool, url: str) -> None:
+    """Flush `url`'s cache, trying again after each of FLUSH_WAITS_S while it says it is busy."""
+    for wait in FLUSH_WAITS_S:
+        try:
+            return pool.flush_cache(url)
+        except SGLangError:
+            time.sleep(wait)
+    pool.flush_cache(url)
 
 
 def request_rows(pool: ServerPool, body: dict, width: int, what: str) -> Rows:
