@@ -38,8 +38,11 @@ def _plan_of(flat_params: str) -> dict | None:
 
     nested: dict = {}
     for key, value in json.loads(flat_params).items():
-        section, _, name = key.partition(".")
-        nested.setdefault(section, {})[name] = value
+        *parents, name = key.split(".")  # a mapping param nests deeper: eval.domains.chat
+        level = nested
+        for part in parents:
+            level = level.setdefault(part, {})
+        level[name] = value
     try:
         params = parse_params(nested)
         result = plan(params, _target_config(params.target.source))

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from eagle3.core.params import flatten
+from eagle3.core.pipeline import STAGE_BY_NAME, STAGES
 
 # The facts (not numbers) of where a row was measured, per stage metrics file.
 DTYPE_KEYS = {"extract": "dtype", "train": "dtype", "speculative-eval": "dtype"}
@@ -65,6 +66,12 @@ class Experiment:
         compared are speculative-eval's, so extract and train dtypes are left out (a queued
         experiment that skipped extraction has no extract dtype in its MLflow run)."""
         return self.machine, tuple(sorted((k, v) for k, v in self.dtypes.items() if k in SPEED_DTYPES))
+
+
+# metrics file -> the stage that writes it (speculative-eval writes two)
+METRICS_OWNER = {
+    out.path.as_posix(): stage.name for stage in STAGES for out in stage.outputs if out.kind == "metrics"
+}
 
 
 def _stage_rows(stage_metrics: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], str | None, dict]:
@@ -134,11 +141,14 @@ def git_lock_reader(repo: str | Path, workspace: bool = True) -> LockReader:
 def _from_dvc_state(name: str, state: dict[str, Any], read_lock: LockReader | None) -> Experiment | None:
     data = state.get("data") or {}
     files = data.get("metrics") or {}
-    stage_metrics = {
-        Path(path).stem: (content.get("data") or {})
-        for path, content in files.items()
-        if isinstance(content, dict) and content.get("data")
-    }
+    # each metrics file under the stage that writes it, in pipeline order: dvc.yaml lists the files
+    # headline first (SHOWN_METRICS), and a later stage's keys must win as they did then
+    by_stage: dict[str, dict[str, Any]] = {}
+    for path, content in files.items():
+        if isinstance(content, dict) and content.get("data"):
+            by_stage.setdefault(METRICS_OWNER.get(path, Path(path).stem), {}).update(content["data"])
+    order = {name: i for i, name in enumerate(STAGE_BY_NAME)}
+    stage_metrics = dict(sorted(by_stage.items(), key=lambda kv: order.get(kv[0], len(order))))
     lock = read_lock(state.get("rev") or "") if read_lock else None
     stale = tuple(s for s in stage_metrics if s in stale_stages(lock or {}))
     stage_metrics = {s: m for s, m in stage_metrics.items() if s not in stale}
