@@ -90,8 +90,10 @@ def write_plots(
             lo = [value(e, "lo") for _, e in points]
             hi = [value(e, "hi") for _, e in points]
             if all(v is not None for v in lo + hi):
-                below = [y - low for y, low in zip(ys, lo, strict=True)]
-                err = [below, [h - y for y, h in zip(ys, hi, strict=True)]]
+                # clamped: a point and its interval are sums taken in another order, so a
+                # one-prompt interval can sit a rounding error off its point
+                below = [max(y - low, 0.0) for y, low in zip(ys, lo, strict=True)]
+                err = [below, [max(h - y, 0.0) for y, h in zip(ys, hi, strict=True)]]
                 ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=series)
             else:
                 ax.plot(xs, ys, "o-", label=series)
