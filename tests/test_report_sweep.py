@@ -6,6 +6,8 @@ extraction, lands as one MLflow run per experiment named after it, and `eagle3 c
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -106,6 +108,19 @@ def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_pat
         assert code == 0, err
         assert all(name in shown for name in names) and "coverage" in shown
         assert max(map(len, shown.splitlines())) <= 80
+    # the README's form of DVC's own table, in a 120-column terminal: each experiment's headline
+    # per domain (acceptance under the domain's name, speedup under x.<domain>) and the param that
+    # differs, first and whole (DVC cuts the columns past the right edge, the changed deps' hashes,
+    # down to one "…")
+    shown = [sys.executable, "-m", "dvc", "exp", "show", "--only-changed", "--no-pager"]
+    env = project_env() | {"COLUMNS": "120"}
+    table = subprocess.run(shown, cwd=project, env=env, capture_output=True, text=True, check=True).stdout
+    header = next(line for line in table.splitlines() if "Experiment" in line)
+    assert header.split()[:5] == ["Experiment", "Created", "code", "x.code", "vocab.size"], table
+    at = header.index("vocab.size")
+    rows = {name: next(line for line in table.splitlines() if f"[{name}]" in line) for name in names}
+    assert sorted(int(row[at : at + 10]) for row in rows.values()) == list(SIZES), table
+    assert max(map(len, table.splitlines())) <= 120
     code, _, err = eagle3("compare", "no-such-exp", capsys=capsys)
     assert code == 2 and "unknown experiment 'no-such-exp'" in err
 

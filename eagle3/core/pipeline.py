@@ -300,12 +300,13 @@ STAGES: tuple[Stage, ...] = (
     ),
 )
 STAGE_BY_NAME = {stage.name: stage for stage in STAGES}
-# The metrics files in the order `dvc exp show` lists their columns (dvc.yaml's top-level metrics;
-# a stage-level one would come first, in stage order): the per-domain headline, then each stage's,
-# the last stage's first, so the answer leads and the params that differ stay on screen.
-SHOWN_METRICS: tuple[Path, ...] = (DOMAINS_METRICS,) + tuple(
-    metrics_path(stage.name) for stage in reversed(STAGES) if stage.metrics
-)
+# The metrics files DVC shows (dvc.yaml's top-level metrics): the per-domain headline alone.
+# `dvc exp show` lists every metric column before any param, and cuts columns off at the
+# terminal's right edge, so each further file there (speculative-eval.json has ~125 keys) pushed
+# the params that differ off a 120-column screen. Every stage's own metrics file is a plain
+# output, committed with each experiment, which `eagle3 compare` and `eagle3 report` read from the
+# experiment's commit (eagle3/sweep/experiments.py) and MLflow logs.
+SHOWN_METRICS: tuple[Path, ...] = (DOMAINS_METRICS,)
 # The stages that write metrics, in pipeline order: a stage's MLflow run also logs its upstream's.
 STAGES_WITH_METRICS = tuple(stage.name for stage in STAGES if stage.metrics)
 

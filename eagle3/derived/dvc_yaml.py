@@ -22,8 +22,8 @@ from eagle3.derived.reads import unlisted_reads
 
 WIDTH = 100  # comment lines wrap here
 SHOWN_NOTE = (
-    "The metrics files, in the order dvc exp show lists their columns (eagle3/core/pipeline.py "
-    "SHOWN_METRICS): acceptance and speedup per domain first."
+    "The metrics DVC shows (eagle3/core/pipeline.py SHOWN_METRICS): acceptance and speedup per "
+    "domain, then the params that differ; each stage's own metrics file is a plain output."
 )
 WRITTEN_BY = (
     "Written by `eagle3 pipeline write` from eagle3/core/pipeline.py (the stages) and the code's imports "

@@ -116,40 +116,48 @@ def stale_stages(lock: dict[str, Any]) -> set[str]:
     return stale
 
 
-LockReader = Callable[[str], "dict[str, Any] | None"]  # rev ("workspace" or a sha) -> its dvc.lock
+FileReader = Callable[[str, str], "str | None"]  # (rev or "workspace", path) -> the file's text
 
 
-def git_lock_reader(repo: str | Path, workspace: bool = True) -> LockReader:
-    """dvc.lock as committed at a revision of `repo`; the file itself for the workspace, unless
-    the rows come from elsewhere (a saved JSON file: its workspace is not this one)."""
+def git_file_reader(repo: str | Path, workspace: bool = True) -> FileReader:
+    """A file as committed at a revision of `repo`; the file itself for the workspace, unless the
+    rows come from elsewhere (a saved JSON file: its workspace is not this one)."""
 
-    def read(rev: str) -> dict[str, Any] | None:
+    def read(rev: str, path: str) -> str | None:
         if rev == "workspace":
-            path = Path(repo) / "dvc.lock"
-            if not workspace:
-                return None
-            text = path.read_text() if path.exists() else None
-        else:
-            show = ["git", "show", f"{rev}:dvc.lock"]
-            done = subprocess.run(show, cwd=repo, capture_output=True, text=True)
-            text = done.stdout if done.returncode == 0 else None
-        return yaml.safe_load(text) if text else None
+            file = Path(repo) / path
+            return file.read_text() if workspace and file.exists() else None
+        done = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo, capture_output=True, text=True)
+        return done.stdout if done.returncode == 0 else None
 
     return read
 
 
-def _from_dvc_state(name: str, state: dict[str, Any], read_lock: LockReader | None) -> Experiment | None:
+def _stage_files(rev: str, shown: dict[str, Any], read: FileReader | None) -> dict[str, dict[str, Any]]:
+    """Each metrics file of a row: those DVC showed, and every other stage's from the row's commit
+    (dvc.yaml shows only the per-domain headline, SHOWN_METRICS; the rest are plain outputs)."""
+    files = {path: c["data"] for path, c in shown.items() if isinstance(c, dict) and c.get("data")}
+    for path in METRICS_OWNER:
+        if path not in files and read and (text := read(rev, path)):
+            try:
+                files[path] = json.loads(text)
+            except json.JSONDecodeError:
+                continue  # a file cut short by a failed run is not a measurement
+    return files
+
+
+def _from_dvc_state(name: str, state: dict[str, Any], read: FileReader | None) -> Experiment | None:
     data = state.get("data") or {}
-    files = data.get("metrics") or {}
-    # each metrics file under the stage that writes it, in pipeline order: dvc.yaml lists the files
-    # headline first (SHOWN_METRICS), and a later stage's keys must win as they did then
+    rev = state.get("rev") or ""
+    # each metrics file under the stage that writes it, in pipeline order: a later stage's keys
+    # win, as they did when every file was in dvc.yaml's metrics list
     by_stage: dict[str, dict[str, Any]] = {}
-    for path, content in files.items():
-        if isinstance(content, dict) and content.get("data"):
-            by_stage.setdefault(METRICS_OWNER.get(path, Path(path).stem), {}).update(content["data"])
+    for path, content in _stage_files(rev, data.get("metrics") or {}, read).items():
+        by_stage.setdefault(METRICS_OWNER.get(path, Path(path).stem), {}).update(content)
     order = {name: i for i, name in enumerate(STAGE_BY_NAME)}
     stage_metrics = dict(sorted(by_stage.items(), key=lambda kv: order.get(kv[0], len(order))))
-    lock = read_lock(state.get("rev") or "") if read_lock else None
+    lock_text = read(rev, "dvc.lock") if read else None
+    lock = yaml.safe_load(lock_text) if lock_text else None
     stale = tuple(s for s in stage_metrics if s in stale_stages(lock or {}))
     stage_metrics = {s: m for s, m in stage_metrics.items() if s not in stale}
     if not stage_metrics:
@@ -159,21 +167,22 @@ def _from_dvc_state(name: str, state: dict[str, Any], read_lock: LockReader | No
     return Experiment(name, flatten(params), metrics, machine, dtypes, stale)
 
 
-def from_dvc_json(shown: list[dict[str, Any]], read_lock: LockReader | None = None) -> list[Experiment]:
+def from_dvc_json(shown: list[dict[str, Any]], read: FileReader | None = None) -> list[Experiment]:
     """Rows of `dvc exp show --json`: each baseline commit, then its experiments (latest rev).
-    With `read_lock`, a stage's metrics are left out of a row whose dvc.lock says it is stale."""
+    With `read`, the stage metrics files come from each row's commit, and a stage's metrics are
+    left out of a row whose dvc.lock says it is stale."""
     rows: list[Experiment] = []
     for baseline in shown:
         rev = baseline.get("rev") or ""
         name = baseline.get("name") or ("workspace" if rev == "workspace" else rev[:7])
-        if row := _from_dvc_state(name, baseline, read_lock):
+        if row := _from_dvc_state(name, baseline, read):
             rows.append(row)
         for exp in baseline.get("experiments") or []:
             revs = exp.get("revs") or []
             if not revs or (exp.get("executor") or {}).get("state") in UNFINISHED:
                 continue  # a running one shows its baseline's metrics until it finishes
             name = exp.get("name") or revs[0].get("name") or (revs[0].get("rev") or "")[:7]
-            if row := _from_dvc_state(name, revs[0], read_lock):
+            if row := _from_dvc_state(name, revs[0], read):
                 rows.append(row)
     # the workspace usually repeats its baseline or an applied experiment: keep the named row
     named = [(r.params, r.metrics) for r in rows if r.name != "workspace"]
@@ -187,14 +196,14 @@ def dvc_experiments(repo: str | Path = ".", all_commits: bool = False) -> list[E
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         raise ExperimentsError(f"`dvc exp show` failed in {repo}: {lines[-1] if lines else 'no output'}")
-    return from_dvc_json(json.loads(done.stdout or "[]"), git_lock_reader(repo))
+    return from_dvc_json(json.loads(done.stdout or "[]"), git_file_reader(repo))
 
 
 def read_dvc_json(path: str | Path) -> list[Experiment]:
     """Rows of a saved `dvc exp show --json > FILE` (stale stages told apart where the current
     directory's git repository holds the revisions)."""
     try:
-        return from_dvc_json(json.loads(Path(path).read_text()), git_lock_reader(".", workspace=False))
+        return from_dvc_json(json.loads(Path(path).read_text()), git_file_reader(".", workspace=False))
     except FileNotFoundError as err:
         raise ExperimentsError(f"{path} does not exist") from err
     except (json.JSONDecodeError, AttributeError, TypeError) as err:
