@@ -200,14 +200,15 @@ def summarize(rows: list[dict[str, Generation]], drafters: list[str], lookup: bo
             )
         if name != "lookup":
             # every other drafter too, so a report can tie any two sizes, not only one with the reference
-            entry["speedup_minus_drafter"] = {
-                other: {
-                    "value": _number(speedup(whole[name]) - speedup(whole[other])),
-                    "ci": percentile_interval(speedup(sums[name]) - speedup(sums[other])),
+            for key, measure in (("speedup", speedup), ("acceptance_length", acceptance_length)):
+                entry[f"{key}_minus_drafter"] = {
+                    other: {
+                        "value": _number(measure(whole[name]) - measure(whole[other])),
+                        "ci": percentile_interval(measure(sums[name]) - measure(sums[other])),
+                    }
+                    for other in drafters
+                    if other != name
                 }
-                for other in drafters
-                if other != name
-            }
         if lookup and name != "lookup":
             entry["speedup_minus_prompt_lookup"] = _number(speedup(whole[name]) - speedup(whole["lookup"]))
             entry["speedup_minus_prompt_lookup_ci"] = percentile_interval(

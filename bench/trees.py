@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from bench.decoding import add_decoding_args, domain_prompts, load_drafters, mtbench_prompts, parse_domains
 from bench.drafters import summarize as paired_figures
@@ -150,6 +151,14 @@ def main() -> None:
             "machine": machine(),
             "command": "python -m bench.trees " + shlex.join(sys.argv[1:]),
             "drafters": {name: str(path) for name, path in paths.items()},
+            # what `eagle3 report --shapes` needs to tell a TTT sweep's points apart: each drafter's
+            # trained TTT length and the params that made it (its folder's params.yaml, if any)
+            "ttt_lengths": {
+                name: trained_ttt_length(path, default=1)
+                for name, path in paths.items()
+                if (path / "config.json").exists()
+            },
+            "train_params": {name: _params(path) for name, path in paths.items()},
             "settings": {label: {"drafter": name, **s} for label, (name, s) in shapes.items()},
             "prompts": {d: domains.count(d) for d in by_domain},
             "tokens": n,
@@ -158,6 +167,11 @@ def main() -> None:
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         print(f"json: {args.json}")
+
+
+def _params(folder: Path) -> dict | None:
+    shipped = folder / "params.yaml"
+    return yaml.safe_load(shipped.read_text()) if shipped.exists() else None
 
 
 def summarize(rows: list[dict[str, Generation]], depths: dict[str, int], seed: int) -> dict[str, dict]:

@@ -21,6 +21,17 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "HF folder or packaged name), and its ratio to the 32,768 row's",
     )
     parser.add_argument(
+        "--shapes",
+        metavar="FILE",
+        help="`python -m bench.trees ... --json FILE` of a TTT sweep's drafters at the same shapes: "
+        "instead of the vocabulary report, which TTT to train and which shape to serve (depth.md)",
+    )
+    parser.add_argument(
+        "--ttt-cost",
+        metavar="FILE",
+        help="with --shapes: `python -m bench.ttt --json FILE`, each TTT length's train time per token",
+    )
+    parser.add_argument(
         "--paired",
         metavar="FILE",
         help="`python -m bench.drafters ... --json FILE`: a paired-speedup column, and ties by the "
@@ -37,6 +48,8 @@ def _run(args: argparse.Namespace) -> int:
     from eagle3.sweep.paired import Paired
     from eagle3.sweep.render import write_report
 
+    if args.shapes:
+        return _depth_report(args)
     warn_of_leftover_workers()
     try:  # the files first: a bad one fails before `dvc exp show` runs
         plan_target = PlanTarget.read(args.plan_target) if args.plan_target else None
@@ -52,9 +65,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _depth_report(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from eagle3.core.inputs import InputError
+    from eagle3.sweep.depth import ShapeRun, decide
+
+    try:
+        run = ShapeRun.read(args.shapes)
+        costs = json.loads(Path(args.ttt_cost).read_text()) if args.ttt_cost else None
+        verdict = decide(run, costs)
+    except (InputError, OSError, json.JSONDecodeError) as err:
+        return fail(err)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "depth.md").write_text(verdict.markdown)
+    Console().print(f"{verdict.paragraph}\nreport: {out / 'depth.md'}", highlight=False)
+    return 0
+
+
 SUBCOMMAND = Subcommand(
     "report",
-    "the comparison table plus a report (markdown, HTML, PNG plots) that picks the best size",
+    "the comparison table plus a report (markdown, HTML, PNG plots) that picks the best size; "
+    "with --shapes, the TTT length to train and the shape to serve",
     _arguments,
     _run,
 )
