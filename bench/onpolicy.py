@@ -5,7 +5,7 @@ extraction of the same prompts' ShareGPT conversations, measured in one run on t
 
 Prints, per configuration, stored tokens/s (prompt + answer, what training reads) and answer
 tokens/s, and the ratio to extraction's tokens/s taken in the same process. The goal it is
-measured against: on-policy >= 0.5x extraction (docs/results.md, 2026-12-01 04:11: ~0.23x).
+measured against: on-policy >= 0.5x extraction (docs/results/2026-12-01-0411-on-policy-data.md: ~0.23x).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The docs as a record: docs/results.md's contents list every entry, newest first, each linked by
-the anchor GitHub gives its heading, and every link into a markdown file's heading (README,
-CONTRIBUTING, every page under docs/) names a heading that exists."""
+"""The docs as a record: docs/results/ holds one file per dated entry, and its index
+(docs/results/README.md) lists every one, newest first, with what supersedes it; every link into a
+markdown file's heading (README, CONTRIBUTING, every page under docs/) names a heading that exists."""
 
 from __future__ import annotations
 
@@ -8,10 +8,15 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "docs" / "results.md"
-# An entry's heading: `## YYYY-MM-DD HH:MM, <commit>...: what it measured`.
-ENTRY = re.compile(r"^## (\d{4}-\d{2}-\d{2} \d{2}:\d{2}), ")
-CONTENTS_START = "Entries:"
+RESULTS = REPO / "docs" / "results"
+INDEX = RESULTS / "README.md"
+# An entry's file and its heading: `YYYY-MM-DD-HHMM-<topic>.md`, `# YYYY-MM-DD HH:MM, <commit>: what`.
+ENTRY_FILE = re.compile(r"^(\d{4}-\d{2}-\d{2})-(\d{2})(\d{2})-[a-z0-9][a-z0-9-]*\.md$")
+ENTRY_HEADING = re.compile(r"^# (\d{4}-\d{2}-\d{2} \d{2}:\d{2}), (.+?): (.+)$")
+# An index row: | date | commit | [what was measured](file) | superseded |
+INDEX_ROW = re.compile(r"^\| (\d{4}-\d{2}-\d{2} \d{2}:\d{2}) \| ([^|]+) \| \[(.+)\]\(([^)\s]+)\) \| (.*) \|$")
+# How an entry's top says a later one replaces it, and how its index line says the same.
+MARKS = {"**Superseded** by ": "superseded by [", "**Partly superseded** by ": "partly, by ["}
 # [text](target#anchor) or [text](#anchor); a link's text may hold inline code, not brackets.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s#]*)#([^)\s]+)\)")
 
@@ -47,12 +52,68 @@ def anchors(path: Path) -> set[str]:
     return out
 
 
-def contents_lines(text: str) -> list[str]:
-    """The bullet lines of the contents: from "Entries:" to the first entry's heading."""
-    lines = text.splitlines()
-    start = lines.index(CONTENTS_START)
-    end = next(i for i, line in enumerate(lines) if ENTRY.match(line))
-    return [line for line in lines[start + 1 : end] if line.startswith("- ")]
+def entry_files(folder: Path) -> list[Path]:
+    """The dated entries in `folder`; a markdown file there with another name fails the test."""
+    pages = [p for p in folder.glob("*.md") if p.name != "README.md"]
+    misnamed = [p.name for p in pages if not ENTRY_FILE.match(p.name)]
+    assert not misnamed, f"not named YYYY-MM-DD-HHMM-<topic>.md (lower case, hyphens): {misnamed}"
+    return pages
+
+
+def entry_mark(text: str) -> str | None:
+    """How the index must begin the entry's superseded column, from the marks at its top (before
+    its first table, list or heading): None where nothing supersedes it."""
+    for line in text.splitlines()[1:]:
+        if line.startswith(("#", "|", "- ", "```")):
+            break
+        for mark, column in MARKS.items():
+            if line.startswith(mark):
+                return column
+    return None
+
+
+def index_problems(folder: Path) -> list[str]:
+    """What is wrong between the entries in `folder` and its index, one line each."""
+    problems, expected = [], {}
+    for page in entry_files(folder):
+        text = page.read_text(encoding="utf-8")
+        m = ENTRY_HEADING.match(text.splitlines()[0] if text else "")
+        y = ENTRY_FILE.match(page.name)
+        stamp = f"{y.group(1)} {y.group(2)}:{y.group(3)}"
+        if not m or m.group(1) != stamp:
+            problems.append(f"{page.name}: its first line is not `# {stamp}, <commit>: <what was measured>`")
+            continue
+        expected[page.name] = (m, entry_mark(text))
+    index = (folder / "README.md").read_text(encoding="utf-8").splitlines()
+    rows = [r for r in map(INDEX_ROW.match, index) if r]
+    listed = [r.group(4) for r in rows]
+    for name, (m, _) in sorted(expected.items(), reverse=True):
+        if name not in listed:
+            line = f"| {m.group(1)} | {m.group(2)} | [{m.group(3)}]({name}) | |"
+            problems.append(f"missing, paste at its place: {line}")
+    for row in rows:
+        stamp, _, _, name, superseded = row.groups()
+        if name not in expected:
+            problems.append(f"index lists {name}, which is no entry here")
+            continue
+        if stamp != expected[name][0].group(1):
+            problems.append(f"index dates {name} {stamp}, its heading {expected[name][0].group(1)}")
+        mark = expected[name][1]
+        if mark is None and superseded.startswith(tuple(MARKS.values())):
+            problems.append(f"index says {name} is superseded; its top does not (`**Superseded** by ...`)")
+        elif mark is not None and not superseded.startswith(mark):
+            problems.append(f"{name} is marked superseded at its top; its index line must say `{mark}...`")
+        for later in re.findall(r"\]\(([^)\s]+)\)", superseded):
+            if later not in expected:
+                problems.append(f"{name}: superseded by {later}, which is no entry here")
+            elif later <= name:
+                problems.append(f"{name}: superseded by {later}, which is not a later entry")
+    stamps = [r.group(1) for r in rows]
+    if stamps != sorted(stamps, reverse=True):
+        problems.append("the index is not newest first")
+    if len(set(listed)) != len(listed):
+        problems.append("the index lists an entry twice")
+    return problems
 
 
 def test_slug_matches_github_on_this_repositorys_headings():
@@ -67,23 +128,31 @@ def test_slug_matches_github_on_this_repositorys_headings():
     assert slug("a - b") == "a---b"  # hyphens are not collapsed
 
 
-def test_results_contents_list_every_entry_newest_first():
-    text = RESULTS.read_text(encoding="utf-8")
-    entries = [line[3:] for line in text.splitlines() if ENTRY.match(line)]
-    assert entries, f"no `## YYYY-MM-DD HH:MM, ...` entry in {RESULTS}"
-    stamps = [ENTRY.match(f"## {e}").group(1) for e in entries]
-    out_of_order = [(a, b) for a, b in zip(stamps, stamps[1:], strict=False) if a < b]
-    assert not out_of_order, f"entries not newest first (older one above newer): {out_of_order}"
+def test_results_index_lists_every_entry_newest_first():
+    assert len(entry_files(RESULTS)) > 0, f"no dated entry in {RESULTS}"
+    problems = index_problems(RESULTS)
+    assert not problems, f"{INDEX.relative_to(REPO)} and the entries differ:\n" + "\n".join(problems)
 
-    expected = [f"- [{entry}](#{slug(entry)})" for entry in entries]
-    listed = contents_lines(text)
-    missing = [line for line in expected if line not in listed]
-    extra = [line for line in listed if line not in expected]
-    assert not missing and not extra, (
-        "docs/results.md's contents differ from its entries; missing lines (paste them under "
-        f"'{CONTENTS_START}'):\n" + "\n".join(missing) + "\nlisted but no such entry:\n" + "\n".join(extra)
+
+def test_an_unlisted_misdated_or_unmarked_entry_is_found(tmp_path):
+    (tmp_path / "2026-01-02-0304-old.md").write_text(
+        "# 2026-01-02 03:04, abc1234: an old figure\n\n**Superseded** by [later](2026-01-03-0000-new.md).\n",
+        encoding="utf-8",
     )
-    assert listed == expected, "docs/results.md's contents are not in the entries' order (newest first)"
+    (tmp_path / "2026-01-03-0000-new.md").write_text("# 2026-01-03 00:00, def5678: a new figure\n", "utf-8")
+    (tmp_path / "2026-01-04-0000-bad.md").write_text("# 2026-01-04 00:01, 0000000: misdated\n", "utf-8")
+    (tmp_path / "README.md").write_text(
+        "| date | commit | what | superseded |\n| --- | --- | --- | --- |\n"
+        "| 2026-01-02 03:04 | abc1234 | [an old figure](2026-01-02-0304-old.md) |  |\n",
+        encoding="utf-8",
+    )
+    new_line = "| 2026-01-03 00:00 | def5678 | [a new figure](2026-01-03-0000-new.md) | |"
+    assert index_problems(tmp_path) == [
+        "2026-01-04-0000-bad.md: its first line is not `# 2026-01-04 00:00, <commit>: <what was measured>`",
+        f"missing, paste at its place: {new_line}",
+        "2026-01-02-0304-old.md is marked superseded at its top; "
+        "its index line must say `superseded by [...`",
+    ]
 
 
 def broken_heading_links(pages: list[Path]) -> tuple[int, list[str]]:

@@ -360,10 +360,10 @@ def test_plan_and_the_preflight_check_give_the_same_memory(raw):
 
 
 def test_planned_memory_is_calibrated_on_the_h200_run():
-    """docs/results.md 2026-12-04 17:50: Kimi-K2.5's drafter, batch 1 x 2,048, TTT 7, bf16 autocast,
-    peak allocated on an H200 per draft vocabulary. The plan stays above each (the train stage also
-    holds the target's lm_head and the runtime, which the bench's figure does not) by under 20%;
-    the first model was 29% over at the full vocabulary."""
+    """docs/results/2026-12-04-1750-gpu-train-loop-kimi-step.md: Kimi-K2.5's drafter, batch 1 x
+    2,048, TTT 7, bf16 autocast, peak allocated on an H200 per draft vocabulary. The plan stays
+    above each (the train stage also holds the target's lm_head and the runtime, which the bench's
+    figure does not) by under 20%; the first model was 29% over at the full vocabulary."""
     measured = {16384: 27.95, 32768: 31.10, 65536: 37.65, 163840: 57.51}
     for size, peak in measured.items():
         raw = {"vocab": {"size": size}, "train": {"batch_size": 1, "seq_len": 2048, "ttt_length": 7}}

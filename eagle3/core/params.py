@@ -77,7 +77,7 @@ class DataParams(Section):
         default=384,
         ge=1,
         description="~140K ShareGPT tokens: ~6 min of extraction at ~400 tok/s (fp32, 2 cores); "
-        "docs/results.md",
+        "docs/results/2026-12-01-0428-default-chain-decoding.md",
     )
     max_length: int = Field(
         default=384,
@@ -93,7 +93,7 @@ class DataParams(Section):
     regenerate: bool = Field(
         default=False,
         description="true = on-policy answers (~90 tok/s here; no better per token on MT-bench: "
-        "docs/results.md)",
+        "docs/results/2026-12-01-0411-on-policy-data.md)",
     )
     regenerate_max_new_tokens: int = Field(
         default=256, ge=1, description="regenerate: tokens an answer may have at most"
@@ -479,11 +479,12 @@ class EvalParams(Section):
     max_new_tokens: int = Field(default=128, ge=1, description="tokens decoded per prompt")
     # tree by default: on a CPU a 9- to 13-token verification of a 135M target costs ~1.2-1.4x a
     # one-token step (oneDNN-packed float32), so trying the drafter's top-k at once and a
-    # prompt-lookup branch pays (python -m bench.trees; docs/results.md).
+    # prompt-lookup branch pays (python -m bench.trees;
+    # docs/results/2026-12-01-2011-tree-decoding-lookup-branch.md).
     mode: Literal["chain", "tree"] = Field(
         default="tree",
         description="chain | tree: a wide verification costs little more than one token here "
-        "(docs/results.md)",
+        "(docs/results/2026-12-01-2011-tree-decoding-lookup-branch.md)",
     )
     # Past the drafter's trained TTT length it is served as SGLang serves it (a warning).
     k: int = Field(

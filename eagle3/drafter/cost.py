@@ -11,13 +11,14 @@ embedding and lm_head, the teacher's rows) in bf16; DDP replicates everything on
 ACTIVATION_BYTES[autocast] per draft logit, per hidden unit and per MLP unit, and a byte per
 attention score (rows x seq_len^2 x TTT steps).
 
-Calibrated on an H200 (docs/results.md 2026-12-04 17:50: Kimi-K2.5's drafter, batch 1 x 2,048,
-TTT 7, bf16 autocast, peak allocated 27.95 / 31.10 / 37.65 / 57.51 GiB at draft vocabularies
-16K / 32K / 65K / 164K): a straight line over the draft vocabulary gives 5.8 bytes a logit per
-step and per token 0.76x the hidden-state bytes first assumed (658K against 868K). The Gemma-3-270M
-CPU run's peak RSS (16:19 entry, bf16 autocast) gives 7.4 bytes a logit. The bf16 row below takes
-8 (bf16 logits, their float32 copy, the bf16 gradient) and 64 x H + 12 x I, above both machines.
-Without autocast nothing has been measured: the float32 row keeps the first coefficients.
+Calibrated on an H200 (docs/results/2026-12-04-1750-gpu-train-loop-kimi-step.md: Kimi-K2.5's
+drafter, batch 1 x 2,048, TTT 7, bf16 autocast, peak allocated 27.95 / 31.10 / 37.65 / 57.51 GiB at
+draft vocabularies 16K / 32K / 65K / 164K): a straight line over the draft vocabulary gives 5.8
+bytes a logit per step and per token 0.76x the hidden-state bytes first assumed (658K against 868K).
+The Gemma-3-270M CPU run's peak RSS (docs/results/2026-12-04-1619-gemma-train-cost-online-memory.md,
+bf16 autocast) gives 7.4 bytes a logit. The bf16 row below takes 8 (bf16 logits, their float32 copy,
+the bf16 gradient) and 64 x H + 12 x I, above both machines. Without autocast nothing has been
+measured: the float32 row keeps the first coefficients.
 """
 
 from __future__ import annotations

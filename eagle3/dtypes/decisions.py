@@ -4,7 +4,7 @@ and `eagle3 dtypes` print it, resolved.py records it.
 `shapes` are the model sizes the params build ({"target", "drafter" (the layer train builds),
 "draft" (that layer over the draft vocabulary)}; eagle3/train/prepare.py dtype_shapes): this
 module reads only the params that choose the work and the dtypes, each by its full key, so
-tests/test_stage_params.py can hold the dtypes stage's params list to them."""
+`eagle3 pipeline check` (tests/test_derived.py) can hold the dtypes stage's params list to them."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 # Server CPU seconds per hidden-state number sent, at Kimi-K2.5's width (3 x 7,168 numbers a
 # token): the transport's CPU over the same forwards without rows, all of the server's processes
-# (docs/results.md 2026-12-05, the transport entry). At SmolLM2's width (1,728) the same bench
+# (docs/results/2026-12-05-1001-hook-transport.md). At SmolLM2's width (1,728) the same bench
 # read 13% more per number for JSON: the cost is per number, not per token. The hook's figure is
 # an upper bound (below what subtracting the forward resolves; its code alone costs 11 us a token).
 SERVER_CPU_S_PER_NUMBER = {"json": 3527.6e-6 / 21504, "hook": 90.1e-6 / 21504}

@@ -344,7 +344,8 @@ def _assumptions(params: Params, tokens: int | None, server_tokens_per_s: float)
         if params.train.dtype not in ("float32", "float64")
         else f"train.dtype {params.train.dtype}: everything in it, no autocast",
         "DDP replicates weights, grads and optimizer on every device; FSDP shards those three",
-        "activations as measured on an H200 (docs/results.md 2026-12-04 17:50), rounded up; "
+        "activations as measured on an H200 (docs/results/2026-12-04-1750-gpu-train-loop-kimi-step.md), "
+        "rounded up; "
         "0.5 GiB for the runtime",
         "tokens: " + ("--tokens" if tokens else "data.num_samples x data.max_length (an upper bound)"),
         "FLOPs: forward matmuls, 2 per multiply-add; attention over the context left out",

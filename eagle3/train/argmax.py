@@ -1,14 +1,14 @@
 """The target's greedy next token at every stored position, computed once per feature store.
 
-Training needs, at every position, whether the target's full-vocabulary argmax lies inside the
-draft vocabulary. That argmax is a [T, H] x [H, V] product over every stored token (~19 minutes
-for 4.36M tokens on a 2-core CPU, docs/results.md), the same for every run on those features,
-whatever its learning rate, epochs or vocab.size. So it is kept in the machine cache
-(eagle3.core.cache), keyed by the features' manifest, the head's bytes and the machine, and a
+Training needs, at every position, whether the target's full-vocabulary argmax lies inside the draft
+vocabulary. That argmax is a [T, H] x [H, V] product over every stored token (~19 minutes for 4.36M
+tokens on a 2-core CPU, docs/results/2026-12-03-0855-4m-drafter-shipped.md), the same for every run
+on those features, whatever its learning rate, epochs or vocab.size. So it is kept in the machine
+cache (eagle3.core.cache), keyed by the features' manifest, the head's bytes and the machine, and a
 later run or a resume reads it back; a pass killed halfway keeps what it wrote (at least once a
-minute) and the next run computes only the rest. Each sample is multiplied alone, in fixed row blocks, so a
-value never depends on which samples were computed with it: a run from the cache and a run
-without one train the same bytes, and under torchrun the ranks split the samples between them.
+minute) and the next run computes only the rest. Each sample is multiplied alone, in fixed row
+blocks, so a value never depends on which samples were computed with it: a run from the cache and a
+run without one train the same bytes, and under torchrun the ranks split the samples between them.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ of the same sample and whose target argmax lies inside the draft vocabulary, nor
 the number of such positions in the global (all ranks) batch, weighted by decay^k.
 Two conventions of the official EAGLE-3 trainer (SafeAILab/EAGLE eagle/traineagle3) differ at
 the turn boundary and in that normalisation; train.loss_positions and train.loss_average
-choose (eagle3/core/params.py; docs/turn-boundary-draft.md measured them).
+choose (eagle3/core/params.py; measured in
+docs/results/2026-12-05-1249-turn-boundary-loss-average-two-seeds.md: no difference, defaults kept).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from eagle3.train.data import Batch
 
 # The head runs on the positions that count, padded to a multiple of this many rows: their
 # number differs every batch, and each new row count made oneDNN build and cache new kernels
-# whose churn fragmented the heap (peak RSS grew with the steps taken; docs/results.md).
+# whose churn fragmented the heap (peak RSS grew with the steps taken;
+# docs/results/2026-12-04-0920-train-memory-growth.md).
 ROW_MULTIPLE = 64
 # The positions step_valid counts: those training can count at (train.loss_positions), and drafted,
 # the tokens decoding drafts, which bench/heldout.py measures every drafter on.
