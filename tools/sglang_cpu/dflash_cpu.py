@@ -60,7 +60,10 @@ def _draft_backend_choice() -> None:
     # The draft worker (draft_worker_common.resolve_draft_worker_attention_backend) falls back to
     # flashinfer for a backend outside this list; add_draft_attention_backend_choices is SGLang's
     # own extension point for it.
-    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
+    from sglang.srt.arg_groups.choices import (
+        DRAFT_ATTENTION_BACKEND_CHOICES,
+        add_draft_attention_backend_choices,
+    )
 
     if CPU_DRAFT_BACKEND not in DRAFT_ATTENTION_BACKEND_CHOICES:
         add_draft_attention_backend_choices([CPU_DRAFT_BACKEND])

@@ -61,8 +61,9 @@ def drafter_config(
     if block_size < 2:
         raise ValueError(f"block_size={block_size}: at least 2 (the verified token plus one draft)")
     if not 0 <= mask_token_id < vocab:
-        raise ValueError(f"mask_token_id={mask_token_id}: must be in 0..{vocab - 1} (the target's vocabulary)")
-    rope = target.get("rope_parameters") or {"rope_theta": target.get("rope_theta", 10000.0), "rope_type": "default"}
+        raise ValueError(f"mask_token_id={mask_token_id}: must be in 0..{vocab - 1} (the target vocabulary)")
+    default_rope = {"rope_theta": target.get("rope_theta", 1e4), "rope_type": "default"}
+    rope = target.get("rope_parameters") or default_rope
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
