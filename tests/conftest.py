@@ -32,6 +32,7 @@ SHARED_PROJECT_GROUPS = {
     "test_sglang_online_live": "live_sglang_servers",
     "test_sglang_eval_live": "live_sglang_servers",
     "test_sglang_kernels_live": "live_sglang_servers",
+    "test_sglang_dflash_live": "live_sglang_servers",
 }
 
 
