@@ -82,10 +82,12 @@ def drafter_kind(path: str | Path) -> str:
 
 
 def check_drafter_kind(path: str | Path, kind: str, key: str = "eval.drafter") -> None:
-    """Refuse (one line) a drafter of the other family than drafter.kind asks for."""
+    """Refuse (one line) a drafter of the other family than drafter.kind asks for; `key` names
+    where the folder came from (eval.drafter, or None: the train stage's output)."""
     have = drafter_kind(path)
     if have != kind:
+        fix = f"give a {kind} drafter" if key else "re-run the train stage (dvc repro train)"
         raise InputError(
-            f"{key}: {path} is a {have} drafter, but drafter.kind is {kind}: "
-            f"give a {kind} drafter, or set drafter.kind: {have}"
+            f"{key or 'the trained drafter'}: {path} is a {have} drafter, but drafter.kind is {kind}: "
+            f"{fix}, or set drafter.kind: {have}"
         )
