@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,19 +15,21 @@ from tiny_drafters import tiny_drafter_config
 from transformers import AutoTokenizer
 
 from eagle3.core.inputs import InputError
-from eagle3.core.params import ParamsError, check_against_target, parse_params, resolve_aux_layers
+from eagle3.core.params import Params, ParamsError, check_against_target, parse_params, resolve_aux_layers
 from eagle3.decoding.dflash import DFlashEngine
 from eagle3.decoding.engine import greedy_decode
 from eagle3.drafter.dflash import ContextCache, DFlashConfig, DFlashDrafter, resolve_mask_token
 from eagle3.drafter.dflash_cost import dflash_params, dflash_training_memory
 from eagle3.drafter.dflash_export import check_drafter_kind, drafter_kind, export_dflash, load_dflash
 from eagle3.drafter.export import export_drafter
+from eagle3.sweep.plan import plan, read_target_config
 from eagle3.train.data import Batch
 from eagle3.train.dflash import BlockModel, batch_anchors, block_mask, position_weights, sample_anchors
 from eagle3.verifier.capture import capture_hidden_states
 from eagle3.verifier.load import resolve_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+KIMI = Path(__file__).parent / "fixtures" / "kimi-k2.5"
 
 LAYER_IDS = [0, 2]
 BLOCK = 4
@@ -301,3 +305,22 @@ def test_costs_count_the_modules_the_drafter_builds():
     small = dflash_training_memory(cfg, p, 8, 1, (torch.float32, False))
     large = dflash_training_memory(cfg, p, 64, 1, (torch.float32, False))
     assert large["activations"] > small["activations"] and large["weights_frozen"] == small["weights_frozen"]
+
+
+# --- eagle3 plan ----------------------------------------------------------------------------------
+
+
+def test_the_plan_prices_the_dflash_drafter_beside_eagle3s_for_smollm2_and_kimi():
+    smollm2 = read_target_config("smollm2-135m-instruct")
+    result = plan(parse_params({"drafter": {"kind": "dflash"}}), smollm2)["dflash"]
+    assert result["active"] and result["config"]["target_layer_ids"] == [1, 8, 14, 20, 27]
+    cfg = DFlashConfig.from_target_config(SimpleNamespace(**smollm2), 5, 8, [1, 8, 14, 20, 27], 16)
+    assert result["params"]["trainable"] == sum(p.numel() for p in DFlashDrafter(cfg).parameters())
+    assert result["params"]["frozen"] == 2 * 49152 * 576  # the target's embedding and whole lm_head
+    assert result["store_bytes_per_token"] == 6 * 576 * 2 + 10  # five layers and last_hidden, bf16
+    # one block of 7 drafts against EAGLE-3's 7 steps over an 8,192-token draft vocabulary
+    assert result["flops"]["draft_step"] > result["flops"]["eagle3_steps_same_drafts"] > 0
+    kimi = plan(Params(), read_target_config(str(KIMI)), world=8)["dflash"]
+    assert not kimi["active"] and kimi["config"]["target_layer_ids"] == [1, 15, 30, 44, 58]
+    assert kimi["params"]["frozen"] == 2 * 163840 * 7168
+    assert kimi["memory_gib_per_device"]["total_fsdp"] < kimi["memory_gib_per_device"]["total_ddp"]
