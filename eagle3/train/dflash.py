@@ -133,7 +133,7 @@ class BlockModel(nn.Module):
 
     def forward(
         self, batch: Batch, anchors: Tensor, keep: Tensor, norm: Tensor | None = None, chains: bool = False
-    ):
+    ) -> tuple:
         """(loss, StepStats over the block positions 1..block-1[, hits [kept anchors, block-1]]);
         `norm`: the summed position weights of the global batch (default: this batch's)."""
         drafter, block = self.drafter, self.block

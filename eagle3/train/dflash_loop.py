@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer
 
 from eagle3.core.inputs import InputError
-from eagle3.core.params import Params, resolve_aux_layers
+from eagle3.core.params import Params, TrainParams, resolve_aux_layers
 from eagle3.core.stageio import read_json, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.dflash import DFlashConfig, DFlashDrafter, resolve_mask_token
@@ -52,7 +53,7 @@ from eagle3.vocab import load_mapping
 HELDOUT_EPOCH = -1  # the anchors' epoch for held-out evaluation: the same blocks every epoch
 
 
-def dflash_config(params: Params, target_config, target_layers: list[int]) -> DFlashConfig:
+def dflash_config(params: Params, target_config: Any, target_layers: list[int]) -> DFlashConfig:
     """The drafter's config: the target's sizes, dflash params, train.* shape keys and the mask token."""
     folder = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=params.target.trust_remote_code)
@@ -143,7 +144,7 @@ class DFlashRecipe(TrainRecipe):
 
     def __init__(
         self,
-        p,
+        p: TrainParams,
         inputs: TrainInputs,
         anchors: int,
         loss_decay: float | None,
