@@ -13,7 +13,8 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
     data/               conversations, the feature store, the extraction loop, the rows' bytes
                         between processes (wire.py: torch-only, imported inside SGLang servers)
     vocab.py            the draft vocabulary (d2t/t2d) and its coverage
-    drafter/            the EAGLE-3 draft model, its export and warm start
+    drafter/            the EAGLE-3 draft model and the DFlash block drafter, their exports
+                        and costs, warm start
     train/              the TTT unroll, the loop, simulated acceptance
     decoding/           speculative decoding and its evaluation
     sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and

@@ -17,6 +17,7 @@ from eagle3.decoding.domains import load_domains, token_counter
 from eagle3.decoding.evaluate import EvalOutcome, headline_by_domain, unexplained
 from eagle3.decoding.report import write_acceptance_plot
 from eagle3.decoding.setup import drafter_depth, eval_drafter
+from eagle3.drafter.dflash_export import check_drafter_kind
 from stages.common import console, reported_failures, validated_params
 
 
@@ -29,7 +30,11 @@ def main() -> None:
         counter = token_counter(params.target) if "long" in ev.domains else None
         prompts = load_domains(ev, params.data, counter)
         drafter_dir = eval_drafter(params)
-        untrained, warning = drafter_depth(params, drafter_dir)  # deeper than trained: served, noted
+        # the family drafter.kind names
+        check_drafter_kind(drafter_dir, params.drafter.kind, "eval.drafter" if ev.drafter else None)
+        untrained, warning = 0, None  # a DFlash drafter drafts the block it was trained for
+        if params.drafter.kind == "eagle3":  # deeper than trained: served, noted
+            untrained, warning = drafter_depth(params, drafter_dir)
         if warning:
             console.print(f"[yellow]{warning}[/yellow]")
         evaluate = backend_for(ev.backend).evaluate

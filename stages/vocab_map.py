@@ -1,4 +1,8 @@
-"""Stage vocab-map: the draft vocabulary (d2t/t2d) from loss-masked token counts, plus the coverage curve."""
+"""Stage vocab-map: the draft vocabulary (d2t/t2d) from loss-masked token counts, plus the coverage curve.
+
+A DFlash drafter (drafter.kind dflash) drafts through the target's own lm_head: its mapping is the
+whole vocabulary whatever vocab.size says, written with the same bytes for every vocab.size, so
+that DVC finds train's input unchanged."""
 
 from __future__ import annotations
 
@@ -24,9 +28,12 @@ def main() -> None:
         fp = store.fingerprint
         counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp["vocab_size"])
         init = None
+        dflash = params.drafter.kind == "dflash"
         if params.train.init:  # its aux ids read by the target family's rule
             init = read_init_drafter(params.train.init, load_target_config(params.target))
-        if init is None:
+        if dflash:  # the target's whole vocabulary: its own lm_head
+            vocab = build_vocab_map(counts, fp["vocab_size"])
+        elif init is None:
             vocab = build_vocab_map(counts, params.vocab.size)
         else:  # warm start: the drafter's own draft vocabulary (part of its weights)
             vocab = adopt_vocab_map(init, counts, fp["hidden_size"], store.aux_layers, params.vocab.size)
@@ -50,8 +57,11 @@ def main() -> None:
             "target_sha256": fp["target_sha256"],
             # what train checks, so a mapping of another run or another vocab.size is refused
             "features_manifest_sha256": hashlib.sha256((FEATURES / MANIFEST).read_bytes()).hexdigest(),
-            "vocab_size_param": params.vocab.size,
         }
+        if dflash:  # no vocab.size in its bytes: any vocab.size gives this very mapping
+            meta |= {"drafter_kind": "dflash"}
+        else:
+            meta |= {"vocab_size_param": params.vocab.size}
         if init is not None:  # train refuses a mapping adopted from another version of the folder
             meta |= {"init": init.folder, "init_sha256": init.sha256}
         save_vocab_map(vocab, staged.path(VOCAB_MAP), meta)
@@ -61,12 +71,13 @@ def main() -> None:
         write_json(staged.path(metrics_path("vocab-map")), metrics)
         with pipeline_run(params, "vocab-map") as run:
             run.log_metrics(metrics)
-    if vocab.unseen_filled:
+    if vocab.unseen_filled and params.drafter.kind != "dflash":
         console.print(
             f"[yellow]only {vocab.distinct_seen} distinct tokens seen; "
             f"{vocab.unseen_filled} draft slots filled with unseen tokens (lowest ids)"
         )
-    console.print(f"draft vocab {vocab.draft_size:,} of {fp['vocab_size']:,}: coverage {coverage:.4f}")
+    whole = " (a DFlash drafter's: the target's lm_head)" if params.drafter.kind == "dflash" else ""
+    console.print(f"draft vocab {vocab.draft_size:,} of {fp['vocab_size']:,}{whole}: coverage {coverage:.4f}")
     if init is not None:
         console.print(
             f"adopted from train.init {init.folder}: coverage {coverage:.4f} of this run's tokens, against "

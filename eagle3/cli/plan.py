@@ -204,6 +204,42 @@ def _print_training(tr: dict, console: Any) -> None:
     console.print(train)
 
 
+def print_dflash(d: dict, target_flops: float, console: Any) -> None:
+    """The DFlash block drafter of the dflash section for this target, beside the EAGLE-3 one."""
+    from rich.table import Table
+
+    c, n, mem, f = d["config"], d["params"], d["memory_gib_per_device"], d["flops"]
+    mark = " (drafter.kind: dflash, trained)" if d["active"] else " (drafter.kind: dflash would train it)"
+    table = Table(
+        title=f"DFlash drafter{mark}: {c['num_layers']} layers, blocks of {c['block_size']}, target "
+        f"layers {c['target_layer_ids']}",
+        title_justify="left",
+    )
+    table.add_column("")
+    table.add_column("", justify="right")
+    drafts = c["block_size"] - 1
+    for name, value in (
+        ("fc + hidden_norm (target layers -> H)", _m(n["fc"])),
+        ("attention (q/k norms)", _m(n["attention"])),
+        ("MLP", _m(n["mlp"])),
+        ("norms", _m(n["layer_norms"])),
+        ("[bold]trainable", _m(n["trainable"])),
+        ("frozen: the target's embedding and whole lm_head", _m(n["frozen"])),
+        ("store bytes/token (target layers + last_hidden, bf16)", f"{d['store_bytes_per_token']:,}"),
+        (f"training per device, DDP ({c['anchors']} anchors a sample)", _g(mem["total_ddp"])),
+        ("training per device, FSDP-sharded", _g(mem["total_fsdp"])),
+        ("training FLOPs per token (samples of data.max_length)", _flop(f["train_per_token"])),
+        (
+            f"one draft step ({drafts} drafts)",
+            f"{_flop(f['draft_step'])} ({f['draft_step_over_target']:.1%} of a target token)",
+        ),
+        (f"EAGLE-3 steps for {drafts} drafts", f"{_flop(f['eagle3_steps_same_drafts'])}"),
+        ("context per verified token", _flop(f["context_per_verified_token"])),
+    ):
+        table.add_row(name, value)
+    console.print(table)
+
+
 def print_plan(result: dict, console: Any) -> None:
     """The plan as rich tables, for people."""
     _print_drafter(result, console)
@@ -217,6 +253,8 @@ def print_plan(result: dict, console: Any) -> None:
         f"fc {f['fc_per_verified_token'] / 1e9:,.2f} GFLOP per verified token",
         highlight=False,
     )
+    if "dflash" in result:
+        print_dflash(result["dflash"], f["target_per_token"], console)
     for note in result["notes"]:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print("assumes: " + "; ".join(result["assumptions"]), style="dim", highlight=False)

@@ -660,6 +660,65 @@ class OnlineParams(Section):
     )
 
 
+DrafterKind = Literal["eagle3", "dflash"]
+
+
+class DrafterParams(Section):
+    kind: DrafterKind = Field(
+        default="eagle3",
+        description="eagle3 = EAGLE-3 (one token a step) | dflash = a DFlash block drafter (section dflash)",
+    )
+
+
+class DFlashParams(Section):
+    """A DFlash block drafter (arXiv 2602.06036; SGLang srt/models/dflash.py): it drafts
+    block_size - 1 tokens in one forward from the target layers' features, through the target's
+    own embedding and lm_head. Read only when drafter.kind is dflash (eagle3/drafter/dflash.py)."""
+
+    # The reference drafters (z-lab Qwen3-4B/8B-DFlash-b16) have 5 layers and read one target layer
+    # per draft layer; SpecForge trains blocks of 16 on GPUs and of 8 (GLM-5.1, MiniMax) with
+    # loss-decay gamma 4. Here blocks of 8: a CPU verifies 8 tokens for ~1.3x one (docs/results.md).
+    num_layers: int = Field(default=5, ge=1, le=64, description="draft decoder layers (the reference's 5)")
+    block_size: int = Field(
+        default=8,
+        ge=2,
+        le=64,
+        description="tokens a block holds: the verified anchor + block_size - 1 drafts (SGLang's block_size)",
+    )
+    # Output ids as extract.aux_layers (id L = the output of decoder layer L); null = SGLang's
+    # build_target_layer_ids: one per draft layer, evenly spread over 1..N-3 (N/2 for one layer).
+    target_layers: list[int] | None = Field(
+        default=None,
+        description="target layers it reads (output ids); null = one per draft layer over 1..N-3 (SGLang)",
+    )
+    # null = the tokenizer's mask token, else its last added special token that is no bos/eos/pad/unk
+    # and no part of its chat template (SmolLM2: 16, <empty_output>): eagle3/drafter/dflash.py.
+    mask_token_id: int | None = Field(
+        default=None,
+        ge=0,
+        description="the token filling the drafted slots; null = an unused special token of the target",
+    )
+    # SpecForge samples 512 anchors in 3,072-token samples; scaled to data.max_length 384.
+    anchors: int = Field(
+        default=64, ge=1, description="blocks trained per sample at most (anchors drawn with train.seed)"
+    )
+    loss_decay: float | None = Field(
+        default=4.0,
+        gt=0,
+        description="loss weight exp(-(k-1)/gamma) of block position k (paper: 7 for 16, 4 for 8); null = 1",
+    )
+
+    @field_validator("target_layers")
+    @classmethod
+    def _distinct_layers(cls, layers: list[int] | None) -> list[int] | None:
+        if layers is not None:
+            if not layers:
+                raise ValueError("must list at least one layer id (or be null for SGLang's rule)")
+            if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
+                raise ValueError("must be distinct layer ids >= 0")
+        return layers
+
+
 # Keys that say how features travel, never what they are: no stage lists them in dvc.yaml, so
 # changing one re-runs nothing, and extraction resumes across them. The params check of the stage
 # declarations (eagle3/derived/reads.py) allows these reads unlisted; extract's resume key
@@ -698,6 +757,12 @@ class Params(Section):
         description="how train fetches online features; changes no byte, re-runs nothing",
     )
     tracking: TrackingParams = Field(default=TrackingParams(), description="where the stages log to MLflow")
+    drafter: DrafterParams = Field(
+        default=DrafterParams(), description="the drafter family trained and served"
+    )
+    dflash: DFlashParams = Field(
+        default=DFlashParams(), description="the DFlash block drafter (drafter.kind: dflash)"
+    )
 
     @model_validator(mode="after")
     def _hook_carries_prefill_rows(self) -> Params:
@@ -706,6 +771,22 @@ class Params(Section):
             raise ValueError(
                 "extract.sglang_transport 'hook' hands over prefill rows only, and data.regenerate "
                 "needs the rows of each generated token: use sglang_transport: json for on-policy data"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_family(self) -> Params:
+        if self.drafter.kind != "dflash":
+            return self
+        if self.extract.aux_layers is not None:
+            raise ValueError(
+                f"extract.aux_layers ({self.extract.aux_layers}) are the EAGLE-3 drafter's; a DFlash "
+                "drafter reads dflash.target_layers: set those (or drafter.kind: eagle3)"
+            )
+        if self.train.init is not None:
+            raise ValueError(
+                f"train.init ({self.train.init}) warm-starts an EAGLE-3 drafter; a DFlash drafter trains "
+                "from scratch: set train.init: null (or drafter.kind: eagle3)"
             )
         return self
 
@@ -794,19 +875,51 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 
 def resolve_aux_layers(params: Params, num_layers: int) -> list[int]:
-    """The aux layer ids for a model with `num_layers` decoder layers, checked to lie inside it."""
-    layers = params.extract.aux_layers or default_aux_layers(num_layers)
+    """The layer ids the drafter reads (what extraction captures) for a model with `num_layers`
+    decoder layers, checked to lie inside it: extract.aux_layers for EAGLE-3, dflash.target_layers
+    for a DFlash drafter (drafter.kind)."""
+    if params.drafter.kind == "dflash":
+        key = "dflash.target_layers"
+        layers = params.dflash.target_layers or dflash_target_layers(num_layers, params.dflash.num_layers)
+    else:
+        key = "extract.aux_layers"
+        layers = params.extract.aux_layers or default_aux_layers(num_layers)
     bad = [i for i in layers if not 0 <= i <= num_layers - 2]
     if bad:
         raise ParamsError(
             "params",
             [
-                f"extract.aux_layers: layer ids {bad} are outside the target "
+                f"{key}: layer ids {bad} are outside the target "
                 f"(allowed: 0..{num_layers - 2} for a model of {num_layers} decoder layers; "
                 f"the last layer's output is captured as last_hidden already) (got {layers})"
             ],
         )
     return sorted(layers)
+
+
+def dflash_target_layers(num_layers: int, draft_layers: int) -> list[int]:
+    """SGLang's build_target_layer_ids (srt/speculative/dflash_utils.py), the DFlash reference's
+    choice: one target layer per draft layer, evenly spaced over 1..N-3 (N/2 for a single one),
+    as output ids (id L = the output of decoder layer L)."""
+    if draft_layers == 1:
+        return [num_layers // 2]
+    start, end = 1, num_layers - 3
+    if end < start:
+        raise ParamsError(
+            "params",
+            [f"dflash.target_layers: null needs a target of >= 4 layers (got {num_layers}): list them"],
+        )
+    # round() as Python rounds (halves to even), as SGLang's helper does
+    layers = [int(round(start + i * (end - start) / (draft_layers - 1))) for i in range(draft_layers)]
+    if len(set(layers)) != len(layers):
+        raise ParamsError(
+            "params",
+            [
+                f"dflash.target_layers: null spreads {draft_layers} layers over 1..{end} of a "
+                f"{num_layers}-layer target, repeating ids {layers}: list them, or lower dflash.num_layers"
+            ],
+        )
+    return layers
 
 
 def check_against_target(params: Params, num_layers: int, vocab_size: int) -> list[int]:
@@ -820,6 +933,15 @@ def check_against_target(params: Params, num_layers: int, vocab_size: int) -> li
             [
                 f"train.target_topk: more than the target's vocabulary of {vocab_size} tokens "
                 f"(allowed: 1..{vocab_size}, or null) (got {topk})"
+            ],
+        )
+    mask = params.dflash.mask_token_id
+    if params.drafter.kind == "dflash" and mask is not None and mask >= vocab_size:
+        raise ParamsError(
+            "params",
+            [
+                f"dflash.mask_token_id: outside the target's vocabulary of {vocab_size} tokens "
+                f"(allowed: 0..{vocab_size - 1}, or null) (got {mask})"
             ],
         )
     return resolve_aux_layers(params, num_layers)

@@ -176,6 +176,9 @@ STAGES: tuple[Stage, ...] = (
             "extract.aux_layers",
             "extract.sglang_target",
             "extract.sglang_top_logprobs",
+            Entry("drafter.kind", note="dflash: the layers captured are dflash.target_layers"),
+            "dflash.target_layers",
+            Entry("dflash.num_layers", note="dflash.target_layers null: one target layer per draft layer"),
         ),
         reads=(dtype_record("prefill"),),
     ),
@@ -191,7 +194,14 @@ STAGES: tuple[Stage, ...] = (
                 "left here.",
             ),
         ),
-        params=("target", "data", "extract"),
+        params=(
+            "target",
+            "data",
+            "extract",
+            Entry("drafter.kind", note="the layers captured, as patch-check resolves them"),
+            "dflash.target_layers",
+            "dflash.num_layers",
+        ),
         reads=(dtype_record("prefill"), PATCH_REPORT),
     ),
     Stage(
@@ -215,6 +225,7 @@ STAGES: tuple[Stage, ...] = (
                 "and train refuses a mapping adopted from other bytes than the folder holds now. A drafter "
                 "replaced in place at the same path: `dvc repro -f vocab-map train`.",
             ),
+            Entry("drafter.kind", note="dflash: the whole vocabulary, whatever vocab.size says"),
         ),
         plots=(
             plot(
@@ -248,6 +259,8 @@ STAGES: tuple[Stage, ...] = (
             "vocab.size",
             Entry("extract.batch_tokens", note="online hf: the forward extraction would run"),
             "extract.pack_weights",
+            Entry("drafter.kind", note="which drafter family it trains"),
+            Entry("dflash", note="the DFlash drafter's shape, block, mask token and block-wise loss"),
         ),
         plots=(
             plot(TRAIN_CURVE, "step", "loss", "Training loss per step (mean over TTT positions)"),
@@ -285,6 +298,7 @@ STAGES: tuple[Stage, ...] = (
             Entry(
                 "data", note="the long domain: conversations of the training source held out from training"
             ),
+            Entry("drafter.kind", note="the family eval.drafter must be, and the engine that decodes it"),
         ),
         plots=(
             plot(
@@ -331,6 +345,14 @@ UNLISTED_READS: dict[tuple[str, str, str], str] = {
         "check_against_target, in the module every stage imports for the schema; the stages that "
         "resolve aux layers with it list the key (an online sglang train refuses servers whose layers "
         "differ from the store's)"
+    ),
+    ("*", "drafter.kind", "eagle3/core/params.py"): (
+        "check_against_target resolves the layers the drafter family reads and checks them, before any "
+        "work; the stages that capture or train list the key"
+    ),
+    ("*", "dflash", "eagle3/core/params.py"): (
+        "check_against_target refuses DFlash target layers or a mask token outside the target before any "
+        "work; the stages that capture or train list what they use"
     ),
     ("*", "train.target_topk", "eagle3/core/params.py"): (
         "check_against_target refuses a top-N larger than the target's vocabulary before any work; "

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eagle3.core.params import Params
+from eagle3.decoding.dflash import setup_for_eval
 from eagle3.decoding.engine import greedy_decode
 from eagle3.decoding.evaluate import (
     EvalOutcome,
@@ -19,7 +20,7 @@ from eagle3.decoding.evaluate import (
 )
 from eagle3.decoding.prompts import Prompt, answered
 from eagle3.decoding.report import category_table, domain_table, headline, interval_line
-from eagle3.decoding.setup import DecodingSetup, engine_settings
+from eagle3.decoding.setup import engine_settings
 from eagle3.dtypes.resolved import pinned
 
 
@@ -29,7 +30,8 @@ def evaluate_on_hf(
     ev = params.eval
     # one dtype for all three decoders, the fastest for plain one-token decoding here, as the
     # dtypes stage recorded it
-    setup = DecodingSetup.for_eval(pinned(params, "decode"), drafter_dir)
+    # (an EAGLE-3 or a DFlash drafter: the setup of its family, whose engine has one interface)
+    setup = setup_for_eval(pinned(params, "decode"), drafter_dir)
     engine = setup.engine(**engine_settings(ev))
     model, eos = setup.target.model, setup.eos
     # second turns follow the target's own greedy answer to the first, as a chat client sends them

@@ -38,7 +38,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from eagle3.core.inputs import InputError
-from eagle3.core.params import Params, resolve_aux_layers
+from eagle3.core.params import DrafterParams, Params, resolve_aux_layers
 from eagle3.data.store import FP8
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.cost import (
@@ -54,6 +54,7 @@ from eagle3.drafter.export import load_drafter_config
 from eagle3.dtypes.probes import DTYPES
 from eagle3.sglang.servers import store_format
 from eagle3.sglang.transport_cost import SERVER_CPU_S_PER_NUMBER, transport_ceiling
+from eagle3.sweep.dflash_plan import dflash_plan
 from eagle3.train.prepare import SHAPE_KEYS, drafter_config
 from eagle3.vocab import draft_size
 
@@ -276,7 +277,9 @@ def feature_modes(
 def planned_drafter(params: Params, target: dict[str, Any]) -> DrafterConfig:
     """The drafter the train stage would build: sizes from the target, the shape from train
     params, or a warm start's own shape and draft vocabulary (its config.json only)."""
-    aux = resolve_aux_layers(params, target["num_hidden_layers"])
+    # the EAGLE-3 drafter's layers, whichever family drafter.kind trains (dflash_plan: the other's)
+    eagle3 = params.model_copy(update={"drafter": DrafterParams(kind="eagle3")})
+    aux = resolve_aux_layers(eagle3, target["num_hidden_layers"])
     base = DrafterConfig.from_target_config(SimpleNamespace(**target), params.vocab.size, aux)
     if params.train.init:
         try:
@@ -412,6 +415,8 @@ def plan(
             "target_per_token": flops_target["total"],
             "draft_step_over_target": flops_draft["draft_step"] / flops_target["total"],
         },
+        # the DFlash block drafter of the dflash section, beside it (eagle3/sweep/dflash_plan.py)
+        "dflash": dflash_plan(params, target, world, flops_target["total"], flops_draft["draft_step"]),
         "notes": _notes(params, cfg, target, world),
         "assumptions": _assumptions(params, tokens, server_tokens_per_s),
     }

@@ -97,16 +97,28 @@ class TrainRecipe:
             )
         self.ckpt_path = checkpoint_dir / CHECKPOINT if checkpoint_dir else None
         self.cfg = inputs.drafter_cfg
-        if drafter_config(self.cfg, p) != self.cfg:
-            raise ValueError(
-                "the drafter config does not carry the train params (build it with drafter_config)"
-            )
+        self._check_config()
         self.master, self.autocast = precision(p, self.cfg)
         # the training state, as checkpoints hold it
         self.step, self.epoch, self.batch_index = 0, 0, 0
         self.curve: list[dict] = []
         self.epochs: list[dict] = []
-        self.epoch_sums = _Accumulator(p.ttt_length)
+        self.epoch_sums = _Accumulator(self.positions)
+
+    @property
+    def positions(self) -> int:
+        """The draft positions each loss and accuracy is reported per: the TTT steps."""
+        return self.p.ttt_length
+
+    def _check_config(self) -> None:
+        if drafter_config(self.cfg, self.p) != self.cfg:
+            raise ValueError(
+                "the drafter config does not carry the train params (build it with drafter_config)"
+            )
+
+    def _flops_per_token(self) -> float:
+        """Matmul FLOPs of one trained token, forward and backward (for the matmul_tflops figure)."""
+        return draft_step_flops(self.drafter.cfg)["draft_step"] * 3 * self.p.ttt_length
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -247,13 +259,12 @@ class TrainRecipe:
     ) -> TrainOutcome | None:
         """Run the remaining epochs; the outcome on rank 0, None on the others."""
         self._tokens_seen, self._started = 0, time.perf_counter()
-        step = draft_step_flops(self.drafter.cfg)["draft_step"]
-        self._flops_token = step * 3 * self.p.ttt_length  # forward + backward
+        self._flops_token = self._flops_per_token()
         self._bar = _progress(self.total_steps, self.step, self.epoch) if self._show_progress() else None
         try:
             while self.epoch < self.p.epochs:
                 if self.batch_index == 0:  # a new epoch (not one resumed mid-way)
-                    self.epoch_sums = _Accumulator(self.p.ttt_length)
+                    self.epoch_sums = _Accumulator(self.positions)
                 self._train_epoch(on_step)
                 if self.dist.main:
                     held = self.evaluate()

@@ -93,6 +93,8 @@ class OnlineFeatures:
 
     def in_draft(self, sample: Sample) -> Tensor:
         """Is the target's argmax at each position inside the draft vocab (as target_in_draft)."""
+        if bool(self.t2d.all()):  # the whole vocabulary (a DFlash drafter's): no argmax to take
+            return torch.ones(len(sample.input_ids), dtype=torch.bool)
         if sample.target_topk_ids is not None:
             return self.t2d[sample.target_topk_ids[:, 0].long()].clone()
         return self.t2d[argmax_rows(sample.last_hidden, self.head).long()]

@@ -185,6 +185,11 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
     report_fp = read_json(report)["fingerprint"]
     store = FeatureStore(features)  # refuses an edited manifest
     d2t, t2d, meta = load_mapping(mapping)  # refuses a damaged or mismatched mapping file
+    if meta.get("drafter_kind", "eagle3") != "eagle3":
+        raise InputError(
+            f"the vocab mapping (artifacts/vocab-map) was made for a {meta['drafter_kind']} drafter (the "
+            "whole vocabulary): re-run the vocab-map stage with drafter.kind: eagle3 (dvc repro vocab-map)"
+        )
     target_config = load_target_config(params.target)
     base = DrafterConfig.from_target_config(target_config, len(d2t), store.aux_layers)
     init = read_init_drafter(params.train.init, target_config) if params.train.init else None

@@ -74,9 +74,11 @@ def write_plots(outcome: TrainOutcome, curve: Path, by_position: Path, sim_accep
     write_csv(sim_acceptance, ["epoch", "shape", "acceptance_length"], rows)
 
 
-def summary_line(metrics: dict, out: Path) -> str:
+def summary_line(metrics: dict, out: Path, first: str = "TTT position 0") -> str:
+    """The stage's last line; `first`: what the first draft position is called (a DFlash drafter's:
+    block position 1)."""
     return (
-        f"drafter: held-out top-1 acc at TTT position 0 {metrics['heldout_acc_0']:.3f} "
+        f"drafter: held-out top-1 acc at {first} {metrics['heldout_acc_0']:.3f} "
         f"(chance {metrics['chance_acc']:.5f}), "
         f"simulated acceptance length {metrics['sim_acceptance_length']:.2f}, "
         + (f"{r:,.0f} tok/s" if (r := metrics.get("train_tokens_per_s")) else "resumed, nothing trained")
