@@ -383,3 +383,8 @@ def test_every_stage_runs_on_a_kimi_architecture_target(targets, tmp_path, form,
     if last_stage == "speculative-eval":
         metrics = json.loads((root / "metrics/speculative-eval.json").read_text())
         assert metrics["lossless"] is True and metrics["greedy_match"] == 1.0
+        # the train stage's simulation on the eval's own text, beside the measured share (parity.py)
+        chat = metrics["per_domain"]["chat"]["parity"]
+        assert metrics["parity_shape"] == "tree 1/8/8" and set(chat) == {"acceptance_length", "1"}
+        assert chat["1"]["simulated"] == chat["1"]["measured"] and metrics["parity_gaps"] == []
+        assert set(json.loads((root / "metrics/domains.json").read_text())) == {"chat", "x"}

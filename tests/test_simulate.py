@@ -13,6 +13,7 @@ from eagle3.drafter import Eagle3Drafter
 from eagle3.drafter.ttt_attention import TTTCache
 from eagle3.train.data import Batch
 from eagle3.train.loop import train_drafter
+from eagle3.train.report import stage_metrics
 from eagle3.train.simulate import SHAPES, DraftShape, accepted_lengths
 from eagle3.train.ttt import TTTModel, shift_left
 
@@ -102,3 +103,31 @@ def test_training_reports_each_trained_depths_shapes_per_epoch(tmp_path):
     held = outcome.metrics["heldout"]
     assert held["sim_acceptance"]["chain 1"] == pytest.approx(held["acceptance_length"])
     assert held["sim_acceptance"]["tree 1/8/8"] >= held["sim_acceptance"]["chain 1"]
+
+
+def test_training_reports_simulated_acceptance_by_draft_position(tmp_path):
+    """Each shape's accepted drafts by position, as speculative-eval counts them (share of steps
+    accepting position k among those that accepted k-1), in metrics/train.json; past the trees'
+    depth 2, the unroll's own chains."""
+    p = tiny_params(ttt_length=3, epochs=1)
+    outcome = train_drafter(p, tiny_inputs(tmp_path / "features", p), tmp_path / "checkpoints")
+    held = outcome.metrics["heldout"]
+    shares = held["sim_per_position"]
+    assert set(shares) == set(held["sim_acceptance"]) | {"chain 3"}
+    assert all(
+        list(s) == [str(k) for k in range(1, int(name[-1]) + 1)]
+        for name, s in shares.items()
+        if "chain" in name
+    )
+    assert list(shares["tree 2/4/6"]) == ["1", "2"]
+    # a chain's shares multiply to the share of chains that reach each depth
+    reached = 1.0
+    for k, survival in enumerate(held["chain_survival"]):
+        reached *= shares["chain 3"][str(k + 1)]
+        assert reached == pytest.approx(survival)
+    # a shape's shares give back its simulated acceptance length: 1 + sum of the reach products
+    tree = shares["tree 2/4/6"]
+    assert held["sim_acceptance"]["tree 2/4/6"] == pytest.approx(1 + tree["1"] + tree["1"] * tree["2"])
+    assert 0 < shares["chain 1"]["1"] < 1
+    metrics = stage_metrics(outcome)
+    assert metrics["sim_per_position"]["chain 3"] == {k: round(v, 6) for k, v in shares["chain 3"].items()}

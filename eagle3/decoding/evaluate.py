@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from eagle3.decoding.divergence import Divergence, check_divergence
 from eagle3.decoding.engine import Generation, SpecEngine, greedy_decode
 from eagle3.decoding.stats import Totals, bootstrap_intervals, per_category, point_metrics
+from eagle3.train.simulate import position_shares
 from eagle3.vocab import coverage_of
 
 
@@ -191,11 +192,7 @@ def _rate(tokens: int, seconds: float) -> float:
 def per_position_acceptance(results: Sequence[PromptResult], k: int) -> dict[str, float]:
     """{position: P(the draft at that position is accepted | the one before it was)}, 1..k."""
     accepted = torch.tensor([a for r in results for a in r.spec.accepted], dtype=torch.float64)
-    out = {}
-    for pos in range(1, k + 1):
-        reached = int((accepted >= pos - 1).sum())
-        out[str(pos)] = float((accepted >= pos).sum()) / reached if reached else 0.0
-    return out
+    return position_shares(accepted, k)  # one definition: the train stage's simulated shares too
 
 
 def summarize(run: EvalRun, k: int, greedy: bool) -> dict:

@@ -18,6 +18,7 @@ from eagle3.decoding.evaluate import (
     summarize,
     summarize_spread,
 )
+from eagle3.decoding.parity import simulated_parity
 from eagle3.decoding.prompts import Prompt, answered
 from eagle3.decoding.report import category_table, domain_table, headline, interval_line
 from eagle3.decoding.setup import engine_settings
@@ -42,9 +43,10 @@ def evaluate_on_hf(
         lambda ids: greedy_decode(model, ids, ev.max_new_tokens, eos).tokens,
     )
     greedy = ev.temperature == 0
+    rendered = setup.render(prompts)
     run = run_comparison(
         engine,
-        setup.render(prompts),
+        rendered,
         ev.max_new_tokens,
         setup.eos,
         prompt_lookup_tokens=ev.prompt_lookup_tokens if ev.prompt_lookup else None,
@@ -54,7 +56,11 @@ def evaluate_on_hf(
     categories = [p.category for p in prompts]
     depth = engine.max_depth  # acceptance_rate's denominator: the lookup branch may reach past k
     metrics = summarize(run, depth, greedy) | summarize_spread(run, categories, depth, ev.seed)
-    metrics["per_domain"] = per_domain(run, [p.domain for p in prompts], depth, ev.seed)
+    domains = [p.domain for p in prompts]
+    metrics["per_domain"] = per_domain(run, domains, depth, ev.seed)
+    # the train stage's simulation on each prompt's own text, after the timed decoding
+    parity = simulated_parity(engine, [ids for _, ids in rendered], run, domains, ev.seed)
+    parity.into(metrics)
     measured_on = setup.measured_on()  # speeds compare only within one machine and dtype
     metrics |= measured_on | {"eval_coverage": eval_coverage(run, setup.drafter.t2d)}
     rows = [
@@ -62,6 +68,7 @@ def evaluate_on_hf(
         for r, p in zip(run.results, prompts, strict=True)
     ]
     report = [headline(metrics), domain_table(metrics), category_table(metrics), interval_line(metrics)]
+    report += parity.report
     if greedy:
         report.append(
             f"greedy_match {metrics['greedy_match']:.2f}, {metrics['divergences']} divergence(s), "

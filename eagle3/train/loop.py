@@ -47,7 +47,7 @@ from eagle3.train.data import (
 from eagle3.train.distributed import all_reduce, barrier, device_of, init_distributed
 from eagle3.train.online import OnlineSource, prefetched
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
-from eagle3.train.simulate import SHAPES, accepted_lengths
+from eagle3.train.simulate import SHAPES, DraftShape, accepted_lengths, position_shares
 from eagle3.train.ttt import TTTModel, acceptance_length, loss_norm, step_valid
 from eagle3.vocab import draft_to_target_ids, target_to_draft_slots
 
@@ -374,6 +374,14 @@ class TrainRecipe:
         out["sim_acceptance"] = {
             name: float(torch.cat(v).double().mean()) for name, v in simulated.items() if v
         }
+        # each shape's accepted drafts by position, as speculative-eval's per_position_acceptance
+        depth = {s.name: s.depth for s in shapes}
+        out["sim_per_position"] = {
+            name: position_shares(torch.cat(v) - 1, depth[name]) for name, v in simulated.items() if v
+        }
+        if p.ttt_length > max(depth.values(), default=0):  # past simulate.py's depth: the unroll's chains
+            chain = DraftShape(p.ttt_length, 1, p.ttt_length).name
+            out["sim_per_position"][chain] = position_shares(alen - 1, p.ttt_length)
         # share of chains that reach each depth: the per-position acceptance of a greedy chain
         out["chain_survival"] = [float((alen > k + 1).double().mean()) for k in range(p.ttt_length)]
         return out

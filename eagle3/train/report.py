@@ -29,6 +29,11 @@ def stage_metrics(outcome: TrainOutcome) -> dict:
         "train": per_position(m["train"]),
         # the eval's draft shapes simulated on held-out features (train/simulate.py)
         "sim_shapes": {name: round(v, 4) for name, v in m["heldout"].get("sim_acceptance", {}).items()},
+        # by draft position, as speculative-eval's per_position_acceptance: {shape: {position: share}}
+        "sim_per_position": {
+            name: {pos: round(v, 6) for pos, v in shares.items()}
+            for name, shares in m["heldout"].get("sim_per_position", {}).items()
+        },
         "chain_survival": {
             f"depth_{k + 1}": round(s, 6) for k, s in enumerate(m["heldout"]["chain_survival"])
         },

@@ -13,7 +13,9 @@ among off-path nodes, which needs one more drafter pass per frontier node).
 Approximations, stated where the figure is reported: positions are held-out training text, not
 the target's own answers to MT-bench prompts; the target's argmax two tokens ahead is conditioned
 on the data's token, which is the drafted one only where the data followed the target; every
-position counts, where decoding visits only the positions after each accepted run.
+position counts, where decoding visits only the positions after each accepted run; a position
+whose target token lies outside the draft vocabulary is left out, where decoding counts a miss.
+speculative-eval runs the same code on each eval prompt's own text (eagle3/decoding/parity.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,18 @@ SHAPES = (
     DraftShape(2, 6, 8),
     DraftShape(2, 8, 10),
 )
+
+
+def position_shares(accepted: Tensor, depth: int) -> dict[str, float]:
+    """{position: the share of steps accepting at least that many draft tokens among those that
+    accepted one fewer}, positions 1..`depth`, from `accepted` [N] (draft tokens accepted per
+    step): speculative-eval's per_position_acceptance, for measured and simulated steps alike."""
+    accepted = accepted.to(torch.float64)
+    out = {}
+    for pos in range(1, depth + 1):
+        reached = int((accepted >= pos - 1).sum())
+        out[str(pos)] = float((accepted >= pos).sum()) / reached if reached else 0.0
+    return out
 
 
 def _rank(scores: Tensor, index: Tensor) -> Tensor:
