@@ -37,9 +37,9 @@ from eagle3.core.params import TargetParams, TrainParams, default_aux_layers  # 
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eagle3.drafter.cost import draft_step_flops, precision_of, training_memory  # noqa: E402
 from eagle3.dtypes.policy import resolve_dtype  # noqa: E402
+from eagle3.target.load import load_target_config  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
 from eagle3.train.ttt import TTTModel  # noqa: E402
-from eagle3.verifier.load import load_target_config  # noqa: E402
 
 CPU = torch.device("cpu")
 

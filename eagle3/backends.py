@@ -65,7 +65,7 @@ BACKENDS: dict[str, FeaturesBackend] = {
         "hf",
         engine="transformers",
         roles={
-            "patch_check": "eagle3.verifier.patch_check:hf_patch_check",
+            "patch_check": "eagle3.target.patch_check:hf_patch_check",
             "extract": "eagle3.data.extract:extract_on_hf",
             "online": "eagle3.train.online:hf_features",
             "evaluate": "eagle3.decoding.hf_eval:evaluate_on_hf",

@@ -10,7 +10,7 @@ from eagle3.core.stageio import write_csv, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
-from eagle3.verifier.load import load_target_config
+from eagle3.target.load import load_target_config
 from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
 from stages.common import console, reported_failures, validated_params
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eagle3.core.params import TargetParams
-from eagle3.verifier.load import Target, load_target
+from eagle3.target.load import Target, load_target
 
 # 48 real ShareGPT conversations (provenance: tests/fixtures/README.md): extraction tests read
 # these instead of parsing the packaged 125 MB file each time.

@@ -29,7 +29,7 @@ from eagle3.data.conversations import load_conversations
 from eagle3.data.extract import extract_features
 from eagle3.data.store import JOURNAL, Sample, work_folder, write_shard
 from eagle3.decoding.prompts import read_prompts
-from eagle3.verifier.load import _packaged_gguf, load_target, load_target_config, resolve_target
+from eagle3.target.load import _packaged_gguf, load_target, load_target_config, resolve_target
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # stages/ is no installed package: import it as `python -m stages.x` does

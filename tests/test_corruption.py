@@ -25,9 +25,9 @@ import yaml
 from eagle3.core.params import load_params
 from eagle3.data.extract import extract_features
 from eagle3.data.store import MANIFEST, TOKENS, CorruptStoreError, FeatureStore
+from eagle3.target.load import resolve_target
+from eagle3.target.patch_check import fingerprint
 from eagle3.train.loop import CHECKPOINT, TrainInputs, train_drafter, trainable_state
-from eagle3.verifier.load import resolve_target
-from eagle3.verifier.patch_check import fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # stages/ is no installed package: import it as `python -m stages.x` does

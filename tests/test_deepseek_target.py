@@ -35,9 +35,9 @@ from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter
 from eagle3.drafter.warm_start import read_init_drafter
 from eagle3.sglang.server_args import check_server_args
-from eagle3.verifier.capture import Captured
-from eagle3.verifier.load import load_target, load_target_config
-from eagle3.verifier.patch_check import PatchCheckError, run_patch_check
+from eagle3.target.capture import Captured
+from eagle3.target.load import load_target, load_target_config
+from eagle3.target.patch_check import PatchCheckError, run_patch_check
 
 FIXTURES = Path(__file__).parent / "fixtures" / "public-drafters"
 FORMS = ("deepseek-v3", "kimi-k2.5")

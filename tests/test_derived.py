@@ -90,7 +90,7 @@ def test_a_backend_role_brings_its_modules_and_no_others():
     """patch-check calls only the patch_check role: the backends' patch-check modules are its
     deps, their extraction, online and evaluation modules are not."""
     deps = closure("stages.patch_check")
-    assert {"eagle3/verifier/patch_check.py", "eagle3/sglang/patch_check.py"} <= deps
+    assert {"eagle3/target/patch_check.py", "eagle3/sglang/patch_check.py"} <= deps
     assert not deps & {"eagle3/sglang/online.py", "eagle3/sglang/evaluate.py", "eagle3/decoding/hf_eval.py"}
     assert {"eagle3/sglang/online.py", "eagle3/train/online.py"} <= closure("stages.train")
 

@@ -52,7 +52,7 @@ def test_chat_is_each_conversation_at_its_first_turn_then_its_second():
 def test_a_second_turn_is_rendered_after_the_target_answer_to_the_first(count_tokens):
     from transformers import AutoTokenizer
 
-    from eagle3.verifier.load import resolve_target
+    from eagle3.target.load import resolve_target
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_target("smollm2-135m-instruct"))
     prompts = chat_prompts(1, ["math"])

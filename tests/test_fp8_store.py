@@ -32,8 +32,8 @@ from eagle3.data.store import (
     Sample,
     write_shard,
 )
+from eagle3.target.patch_check import fingerprint
 from eagle3.train.loop import train_drafter
-from eagle3.verifier.patch_check import fingerprint
 
 H = 64
 AUX = [1, 14, 26]

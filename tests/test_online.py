@@ -22,9 +22,9 @@ from fault_harness import copy_project, faults
 from eagle3.core.params import Params, TargetParams, load_params
 from eagle3.data.extract import capture_rows, select_conversations, token_batches
 from eagle3.data.store import FeatureStore, Sample
+from eagle3.target.load import has_chat_template, load_target
+from eagle3.target.render import Rendered
 from eagle3.train.online import disagreement, hf_features, prefetched
-from eagle3.verifier.load import has_chat_template, load_target
-from eagle3.verifier.render import Rendered
 
 DRAFTER = "artifacts/train/drafter"
 CHECKPOINTS = "artifacts/train/checkpoints"

@@ -6,8 +6,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.patch_check import PatchCheckError, run_patch_check
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.patch_check import PatchCheckError, run_patch_check
 
 AUX = [1, 14, 26]
 

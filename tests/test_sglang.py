@@ -45,8 +45,8 @@ from eagle3.sglang.patch_check import check_inputs
 from eagle3.sglang.rows import FLUSH_WAITS_S, PartialPrefillError, parse_rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args
 from eagle3.sglang.servers import ExtractionServers, TopLogprobs
-from eagle3.verifier.load import eos_token_ids_of_folder, resolve_target
-from eagle3.verifier.patch_check import PatchCheckError, fingerprint
+from eagle3.target.load import eos_token_ids_of_folder, resolve_target
+from eagle3.target.patch_check import PatchCheckError, fingerprint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 REPO = Path(__file__).resolve().parents[1]

@@ -331,7 +331,7 @@ def shipped_copy(tmp_path: Path, **config) -> Path:
 def test_a_drafter_sglang_cannot_load_as_trained_is_refused(tmp_path, change, message):
     from transformers import AutoConfig
 
-    from eagle3.verifier.load import resolve_target
+    from eagle3.target.load import resolve_target
 
     folder = shipped_copy(tmp_path, **change)
     assert (

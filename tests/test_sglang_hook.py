@@ -27,7 +27,7 @@ from eagle3.sglang.features import text_sample
 from eagle3.sglang.handover import STALE_S, HandoverError, HookTransport, remove_stale
 from eagle3.sglang.rows import PartialPrefillError, prefill_body, request_rows
 from eagle3.sglang.servers import ExtractionServers, TopLogprobs
-from eagle3.verifier.render import Rendered
+from eagle3.target.render import Rendered
 
 WIDTH = 3 * H
 

@@ -40,9 +40,9 @@ from eagle3.sglang.client import ServerPool
 from eagle3.sglang.launch import stop_group
 from eagle3.sglang.rows import prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args
-from eagle3.verifier.load import load_target, resolve_target
-from eagle3.verifier.patch_check import fingerprint
-from eagle3.verifier.render import render_prompt
+from eagle3.target.load import load_target, resolve_target
+from eagle3.target.patch_check import fingerprint
+from eagle3.target.render import render_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "tools" / "sglang_cpu"  # holds the sgl_kernel stand-in

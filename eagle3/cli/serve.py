@@ -19,7 +19,7 @@ from eagle3.decoding.setup import drafter_depth, eval_drafter
 from eagle3.drafter.config import ARCHITECTURE
 from eagle3.drafter.export import CONFIG
 from eagle3.sglang.speculative import eagle3_flags, eagle3_shape
-from eagle3.verifier.load import resolve_target
+from eagle3.target.load import resolve_target
 
 
 def drafter_folder(params: Params, drafter: str | None = None) -> Path:

@@ -47,9 +47,9 @@ from eagle3.data.store import (
     write_tokens,
 )
 from eagle3.dtypes.resolved import pinned
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
-from eagle3.verifier.render import Message, Rendered, render_conversation, render_prompt
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import Target, eos_token_ids, has_chat_template, load_target
+from eagle3.target.render import Message, Rendered, render_conversation, render_prompt
 
 
 @dataclass
@@ -214,7 +214,7 @@ def capture_rows(
 
 # The code that computes a shard's bytes: shards written by other code are not resumed, or
 # `dvc repro` after a change to it keeps the old features (it did when forwards were first padded).
-EXTRACTION_CODE = ("data", "verifier", "sglang", "core/packed.py")
+EXTRACTION_CODE = ("data", "target", "sglang", "core/packed.py")
 
 
 @functools.cache

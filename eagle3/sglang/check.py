@@ -21,7 +21,7 @@ from eagle3.sglang.client import ServerPool
 from eagle3.sglang.handover import HookTransport
 from eagle3.sglang.rows import generate_body, prefill_body, request_rows
 from eagle3.sglang.server_args import check_pool_args
-from eagle3.verifier.patch_check import PatchCheckError
+from eagle3.target.patch_check import PatchCheckError
 
 CHECK_CONVERSATIONS = (
     (

@@ -26,8 +26,8 @@ from eagle3.data.store import Sample
 from eagle3.sglang.features import checked_servers, target_of, text_sample
 from eagle3.sglang.rows import generate_body, request_rows
 from eagle3.sglang.servers import ExtractionServers
-from eagle3.verifier.load import eos_token_ids_of_folder, has_chat_template, resolve_target
-from eagle3.verifier.render import render_prompt
+from eagle3.target.load import eos_token_ids_of_folder, has_chat_template, resolve_target
+from eagle3.target.render import render_prompt
 
 
 def onpolicy_sample(

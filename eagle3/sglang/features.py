@@ -16,8 +16,8 @@ from eagle3.sglang.client import ServerPool
 from eagle3.sglang.rows import Rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_pool_args
 from eagle3.sglang.servers import ExtractionServers, FinalState
-from eagle3.verifier.load import load_target_config
-from eagle3.verifier.render import Rendered
+from eagle3.target.load import load_target_config
+from eagle3.target.render import Rendered
 
 
 def target_of(servers: ExtractionServers, hidden: int, rows: Rows, ids: list[int]) -> dict:

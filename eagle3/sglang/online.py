@@ -26,8 +26,8 @@ from eagle3.core.params import Params
 from eagle3.data.store import FeatureStore, Sample
 from eagle3.sglang.client import ServerUnavailable
 from eagle3.sglang.features import CheckedServers, checked_servers, text_sample
+from eagle3.target.render import Rendered
 from eagle3.train.online import FeatureFn, Recheck
-from eagle3.verifier.render import Rendered
 
 # How often a server that stopped answering is asked again (EAGLE3_SGLANG_POLL_S overrides it).
 POLL_S = float(os.environ.get("EAGLE3_SGLANG_POLL_S", "5"))

@@ -109,7 +109,7 @@ def read_target_config(source: str) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        from eagle3.verifier.load import PACKAGES, resolve_target  # converts a GGUF
+        from eagle3.target.load import PACKAGES, resolve_target  # converts a GGUF
 
         if source not in PACKAGES:
             raise InputError(

@@ -31,11 +31,11 @@ from eagle3.core.params import Params
 from eagle3.data.extract import capture_rows, reference_sample
 from eagle3.data.store import FEATURE_KEYS, TOPK_KEYS, FeatureStore, Sample
 from eagle3.dtypes.resolved import pinned
+from eagle3.target.load import load_target
+from eagle3.target.render import Rendered
 from eagle3.train.argmax import argmax_rows
 from eagle3.train.data import argmax_head
 from eagle3.train.prepare import TrainInputs
-from eagle3.verifier.load import load_target
-from eagle3.verifier.render import Rendered
 
 # rendered samples -> their features, in order (aux_hidden, and last_hidden or the top-N)
 FeatureFn = Callable[[list[Rendered]], list[Sample]]

@@ -24,9 +24,9 @@ from eagle3.drafter.cost import precision_of, training_memory
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
 from eagle3.dtypes.policy import resolve_dtype
 from eagle3.dtypes.probes import Shape, Work
+from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads
-from eagle3.verifier.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.vocab import MAPPING, draft_size, load_mapping
 
 # Params that do not change the trained weights (a checkpoint stays valid across them).

@@ -20,8 +20,8 @@ from eagle3.core.layer_ids import LAYER_ID_RULES, serving_rule
 from eagle3.core.params import Params, check_against_target
 from eagle3.core.stageio import sha256_files
 from eagle3.dtypes.resolved import pinned
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target, load_target, load_target_config
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import Target, load_target, load_target_config
 
 CHECK_PROMPTS = (
     "The quick brown fox jumps over the lazy dog.",
