@@ -14,7 +14,7 @@ from background import project_env
 from rich.console import Console
 
 from eagle3.cli.command import main
-from eagle3.cli.compare import comparison
+from eagle3.cli.commands.compare import comparison
 from eagle3.cli.queue_workers import WORKER_PID_DIR
 from eagle3.sweep.decide import verdict
 from eagle3.sweep.experiments import Experiment, ExperimentsError, from_dvc_json, select, stale_stages

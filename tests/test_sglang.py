@@ -761,7 +761,7 @@ def test_serve_command_matches_the_eval_params(tmp_path):
 
 
 def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch(tmp_path):
-    from eagle3.cli.serve import serve_commands
+    from eagle3.cli.commands.serve import serve_commands
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from project_copy import copy_code
 
-from eagle3.cli.serve import serve_commands
+from eagle3.cli.commands.serve import serve_commands
 from eagle3.core.params import ParamsError, parse_params
 from eagle3.decoding.prompts import load_prompts, mtbench_path
 from eagle3.sglang.client import SGLangError
@@ -444,7 +444,7 @@ def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_
 
 
 def test_compare_and_report_show_the_eval_backend_per_row():
-    from eagle3.cli.compare import comparison
+    from eagle3.cli.commands.compare import comparison
     from eagle3.sweep.experiments import Experiment
     from eagle3.sweep.render import TABLE
 

@@ -715,7 +715,7 @@ def test_a_checkpoint_of_other_training_code_is_not_resumed(tmp_path, monkeypatc
 
     before = code_key()
     assert before == training_code_sha256()  # the copy digests as the package itself does
-    with open(tmp_path / "eagle3/cli/compare.py", "a") as f:
+    with open(tmp_path / "eagle3/cli/commands/compare.py", "a") as f:
         f.write("# not training code\n")
     assert code_key() == before
     with open(tmp_path / "eagle3/train/ttt.py", "a") as f:
