@@ -65,8 +65,9 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def faults_stages(tmp_path_factory) -> Path:
-    """bench/faults.py's tiny project through vocab-map (tests/fault_harness.py), built once for
-    tests/test_faults.py and tests/test_online.py: read only, each module works on a copy."""
+    """The fault harness's tiny project through vocab-map (tests/fault_harness.py), built once for
+    tests/test_faults.py, test_online.py and test_failed_stages.py: read only, each module works
+    on a copy."""
     from fault_harness import build_stages
 
     return build_stages(tmp_path_factory.mktemp("faults-stages"))

@@ -13,11 +13,11 @@ import shutil
 import socket
 from pathlib import Path
 
+import fault_harness as faults
 import pytest
 import torch
 import yaml
 from background import project_env, run_detached
-from fault_harness import faults
 from project_copy import DVC, GIT_DVC_INIT, copy_code
 from tiny_drafters import tiny_drafter_config
 

@@ -14,10 +14,11 @@ import threading
 import time
 from pathlib import Path
 
+import fault_harness as faults
 import pytest
 import torch
 import yaml
-from fault_harness import copy_project, faults
+from fault_harness import copy_project
 
 from eagle3.core.params import Params, TargetParams, load_params
 from eagle3.data.extract import capture_rows, select_conversations, token_batches
