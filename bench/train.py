@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle3.core.device import machine, native_bf16  # noqa: E402
 from eagle3.core.params import TargetParams, TrainParams, default_aux_layers  # noqa: E402
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eagle3.drafter.cost import draft_step_flops, precision_of, training_memory  # noqa: E402
+from eagle3.drafter.cost import draft_step_flops, training_memory  # noqa: E402
 from eagle3.dtypes.policy import resolve_dtype  # noqa: E402
+from eagle3.dtypes.precision import precision_of  # noqa: E402
 from eagle3.target.load import load_target_config  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
 from eagle3.train.ttt import TTTModel  # noqa: E402

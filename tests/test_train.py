@@ -27,8 +27,8 @@ from eagle3.core.params import ParamsError, TrainParams, parse_params
 from eagle3.core.stageio import write_json
 from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
 from eagle3.drafter import DrafterConfig, TTTCache, export_drafter, load_drafter
-from eagle3.drafter.cost import precision_of
 from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
+from eagle3.dtypes.precision import precision_of
 from eagle3.train.argmax import cache_file, target_argmax
 from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs

@@ -20,9 +20,10 @@ from eagle3.core.params import Params, ParamsError, TrainParams
 from eagle3.core.stageio import code_sha256, read_json, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.config import DrafterConfig
-from eagle3.drafter.cost import precision_of, training_memory
+from eagle3.drafter.cost import training_memory
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
 from eagle3.dtypes.policy import resolve_dtype
+from eagle3.dtypes.precision import precision_of
 from eagle3.dtypes.probes import Shape, Work
 from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
