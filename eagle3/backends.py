@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3.target.fingerprint import Fingerprint
+
 ROLES = ("patch_check", "extract", "online", "evaluate")
 
 
@@ -91,9 +93,9 @@ def backend_for(name: str) -> FeaturesBackend:
     return BACKENDS[name]
 
 
-def backend_of(fingerprint: dict) -> FeaturesBackend:
+def backend_of(fingerprint: Fingerprint) -> FeaturesBackend:
     """The backend whose engine made a store: its patch-check fingerprint names the engine."""
-    engine = fingerprint.get("engine")
+    engine = fingerprint.engine
     for backend in BACKENDS.values():
         if backend.engine == engine:
             return backend
@@ -101,10 +103,10 @@ def backend_of(fingerprint: dict) -> FeaturesBackend:
     raise ValueError(f"the store was checked on engine {engine!r}, which no backend runs (known: {engines})")
 
 
-def require_engine(backend: FeaturesBackend, fingerprint: dict, what: str) -> None:
+def require_engine(backend: FeaturesBackend, fingerprint: Fingerprint, what: str) -> None:
     """Refuse a patch-check report made on another engine than `backend` runs."""
-    if fingerprint.get("engine") != backend.engine:
+    if fingerprint.engine != backend.engine:
         raise ValueError(
-            f"extract.backend is '{backend.name}' but {what} was checked on {fingerprint.get('engine')}: "
+            f"extract.backend is '{backend.name}' but {what} was checked on {fingerprint.engine}: "
             "run patch-check again"
         )

@@ -22,20 +22,20 @@ def main() -> None:
         store = FeatureStore(FEATURES)  # refuses an edited manifest
         tokens = store.tokens()  # refuses a token file that differs from the manifest
         fp = store.fingerprint
-        counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp["vocab_size"])
+        counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp.vocab_size)
         init = None
         if params.train.init:  # its aux ids read by the target family's rule
             init = read_init_drafter(params.train.init, load_target_config(params.target))
         if init is None:
             vocab = build_vocab_map(counts, params.vocab.size)
         else:  # warm start: the drafter's own draft vocabulary (part of its weights)
-            vocab = adopt_vocab_map(init, counts, fp["hidden_size"], store.aux_layers, params.vocab.size)
+            vocab = adopt_vocab_map(init, counts, fp.hidden_size, store.aux_layers, params.vocab.size)
         coverage = vocab.coverage()
         metrics = {
             "draft_vocab_size": vocab.draft_size,
-            "target_vocab_size": fp["vocab_size"],
+            "target_vocab_size": fp.vocab_size,
             "coverage": round(coverage, 6),
-            "lm_head_params": vocab.draft_size * fp["hidden_size"],
+            "lm_head_params": vocab.draft_size * fp.hidden_size,
             "distinct_tokens_seen": vocab.distinct_seen,
             "unseen_tokens_filled": vocab.unseen_filled,
         }
@@ -46,8 +46,8 @@ def main() -> None:
                 "counted_mapping_coverage": round(own, 6),
             }
         meta = metrics | {
-            "tokenizer_sha256": fp["tokenizer_sha256"],
-            "target_sha256": fp["target_sha256"],
+            "tokenizer_sha256": fp.tokenizer_sha256,
+            "target_sha256": fp.target_sha256,
             # what train checks, so a mapping of another run or another vocab.size is refused
             "features_manifest_sha256": hashlib.sha256((FEATURES / MANIFEST).read_bytes()).hexdigest(),
             "vocab_size_param": params.vocab.size,
@@ -66,7 +66,7 @@ def main() -> None:
             f"[yellow]only {vocab.distinct_seen} distinct tokens seen; "
             f"{vocab.unseen_filled} draft slots filled with unseen tokens (lowest ids)"
         )
-    console.print(f"draft vocab {vocab.draft_size:,} of {fp['vocab_size']:,}: coverage {coverage:.4f}")
+    console.print(f"draft vocab {vocab.draft_size:,} of {fp.vocab_size:,}: coverage {coverage:.4f}")
     if init is not None:
         console.print(
             f"adopted from train.init {init.folder}: coverage {coverage:.4f} of this run's tokens, against "

@@ -11,11 +11,31 @@ import pytest
 import torch
 
 from eagle3.core.params import TargetParams
+from eagle3.target.fingerprint import Fingerprint
 from eagle3.target.load import Target, load_target
 
 # 48 real ShareGPT conversations (provenance: tests/fixtures/README.md): extraction tests read
 # these instead of parsing the packaged 125 MB file each time.
 SHAREGPT_SAMPLE = Path(__file__).parent / "fixtures" / "sharegpt-48.jsonl"
+
+
+def made_up_fingerprint(**fields: object) -> Fingerprint:
+    """A fingerprint of made-up files (SmolLM2's sizes, aux layers 1, 14, 26), for tests whose
+    target is never loaded or whose hashes nothing compares; `fields` replace its values."""
+    values = {
+        "engine": "transformers",
+        "engine_version": "0",
+        "target_source": "smollm2-135m-instruct",
+        "target_sha256": "t",
+        "tokenizer_sha256": "tok",
+        "num_layers": 30,
+        "hidden_size": 576,
+        "vocab_size": 49152,
+        "aux_layers": (1, 14, 26),
+        "dtype": "float32",
+    }
+    return Fingerprint(**(values | fields))
+
 
 # The suite runs on two pytest-xdist workers (README: `pytest -n 2 --dist loadgroup`). A module's
 # tests stay on one worker, so a module-scoped built project is built once; modules that share a

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHAREGPT_SAMPLE
+from conftest import SHAREGPT_SAMPLE, made_up_fingerprint
 from test_train import tiny_inputs, tiny_params
 
 from eagle3.core.params import ParamsError, parse_params
@@ -279,5 +279,5 @@ def test_damaged_fp8_shard_is_refused_by_name(extracted, tmp_path, damage):
 
 
 def test_config_hash_tells_the_store_dtypes_apart():
-    fp = {"target_sha256": "t"}
+    fp = made_up_fingerprint()
     assert config_hash(real_params("bfloat16"), fp) != config_hash(real_params(FP8), fp)

@@ -45,6 +45,7 @@ from eagle3.sglang.patch_check import check_inputs
 from eagle3.sglang.rows import FLUSH_WAITS_S, PartialPrefillError, parse_rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args
 from eagle3.sglang.servers import ExtractionServers, TopLogprobs
+from eagle3.target.fingerprint import Fingerprint
 from eagle3.target.load import eos_token_ids_of_folder, resolve_target
 from eagle3.target.patch_check import PatchCheckError, fingerprint
 
@@ -684,7 +685,7 @@ def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path
     assert done.returncode == 0, done.stderr
     store = FeatureStore(project / "artifacts/extract")
     store.verify()
-    assert len(store) == 3 and store.fingerprint == fp
+    assert len(store) == 3 and store.fingerprint.to_json() == fp
     assert json.loads((project / "artifacts/extract" / MANIFEST).read_text())["num_tokens"] == 183
     # a relaunched server with other args is refused before any request
     aux.info["tp_size"] = 2
@@ -787,9 +788,9 @@ def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch
 def test_sglang_fingerprint_replaces_the_engine(smollm2):
     base = fingerprint(smollm2, AUX)
     fp = sglang_fingerprint(base, server_info("aux") | {"version": "0.5.23"}, server_info("final"), LLAMA)
-    assert fp["engine"] == "sglang" and "torch_version" not in fp
-    assert {
-        k: fp[k] for k in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size")
-    } == {
-        k: base[k] for k in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size")
-    }
+    on_disk = fp.to_json()
+    assert on_disk["engine"] == "sglang" and "torch_version" not in on_disk
+    assert on_disk["layer_id_family"] == "llama-like" and on_disk["final_server_args"] == server_info("final")
+    assert Fingerprint.from_json(on_disk, "report.json") == fp  # the file reads back as written
+    kept = ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size", "aux_layers")
+    assert {k: on_disk[k] for k in kept} == {k: base.to_json()[k] for k in kept}

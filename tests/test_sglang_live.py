@@ -241,7 +241,7 @@ def report_of(project: Path) -> dict:
 def store_of(project: Path) -> FeatureStore:
     store = FeatureStore(project / "artifacts/extract")
     store.verify()
-    assert store.fingerprint == report_of(project)["fingerprint"]
+    assert store.fingerprint.to_json() == report_of(project)["fingerprint"]
     metrics = json.loads((project / "metrics/extract.json").read_text())
     print(f"extract metrics: {metrics}")
     return store

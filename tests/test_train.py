@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import made_up_fingerprint
 from tiny_drafters import tiny_drafter_config
 
 import eagle3.train.argmax as argmax_module
@@ -29,6 +30,7 @@ from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, wr
 from eagle3.drafter import DrafterConfig, TTTCache, export_drafter, load_drafter
 from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
 from eagle3.dtypes.precision import precision_of
+from eagle3.target.fingerprint import Fingerprint
 from eagle3.train.argmax import cache_file, target_argmax
 from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs
@@ -65,17 +67,14 @@ def tiny_store(folder: Path, n: int = 24, seed: int = 0) -> FeatureStore:
         )
     folder.mkdir(parents=True, exist_ok=True)
     shards = [write_shard(folder, j, samples[j * 8 : (j + 1) * 8]) for j in range((n + 7) // 8)]
-    fp = {
-        "vocab_size": V,
-        "hidden_size": H,
-        "target_sha256": "t",
-        "tokenizer_sha256": "tok",
-        "num_layers": 8,
-        "aux_layers": [1, 2, 3],
-    }
     write_json(
         folder / MANIFEST,
-        {"schema_version": SCHEMA_VERSION, "fingerprint": fp, "aux_layers": [1, 2, 3], "shards": shards},
+        {
+            "schema_version": SCHEMA_VERSION,
+            "fingerprint": _fp().to_json(),
+            "aux_layers": [1, 2, 3],
+            "shards": shards,
+        },
     )
     return FeatureStore(folder)
 
@@ -510,15 +509,10 @@ def test_two_process_gloo_matches_one_process(tmp_path):
 # --- input checks -----------------------------------------------------------------------------------
 
 
-def _fp() -> dict:
-    return {
-        "target_sha256": "t",
-        "tokenizer_sha256": "tok",
-        "num_layers": 8,
-        "hidden_size": H,
-        "vocab_size": V,
-        "aux_layers": [1, 2, 3],
-    }
+def _fp(**fields: object) -> Fingerprint:
+    """The tiny target's fingerprint (its sizes; made-up hashes), `fields` replaced."""
+    tiny = {"num_layers": 8, "hidden_size": H, "vocab_size": V, "aux_layers": (1, 2, 3)}
+    return made_up_fingerprint(**(tiny | fields))
 
 
 def test_too_large_vocab_is_refused_before_training():
@@ -532,7 +526,7 @@ def test_too_large_vocab_is_refused_before_training():
 
 def test_features_from_another_target_are_refused(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
-    features = _fp() | {"target_sha256": "another"}
+    features = _fp(target_sha256="another")
     with pytest.raises(ValueError, match="features .* another target: target_sha256"):
         check_inputs(
             _fp(),

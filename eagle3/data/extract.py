@@ -48,6 +48,7 @@ from eagle3.data.store import (
 )
 from eagle3.dtypes.resolved import pinned
 from eagle3.target.capture import capture_hidden_states
+from eagle3.target.fingerprint import Fingerprint
 from eagle3.target.load import Target, eos_token_ids, has_chat_template, load_target
 from eagle3.target.render import Message, Rendered, render_conversation, render_prompt
 
@@ -222,7 +223,7 @@ def extraction_code_sha256() -> str:
     return code_sha256(Path(__file__).resolve().parents[1], EXTRACTION_CODE)
 
 
-def config_hash(params: Params, fingerprint: dict, capture_threads: int | None = None) -> str:
+def config_hash(params: Params, fingerprint: Fingerprint, capture_threads: int | None = None) -> str:
     """What a shard's journal entry must match to be resumed: params, target, code and the torch
     threads the capture ran at (a forward's last bits may depend on them: one store, one count)."""
     # where the servers are and how many requests fly change no byte: a resumed run may use others
@@ -230,7 +231,7 @@ def config_hash(params: Params, fingerprint: dict, capture_threads: int | None =
     extract = params.extract.model_dump(exclude=transport)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
         extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}
-    material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
+    material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint.to_json()}
     if capture_threads is not None:
         material["capture_threads"] = capture_threads
     return sha256_json(material | {"code": extraction_code_sha256()})
@@ -313,7 +314,7 @@ def extract_features(
     target: Target,
     params: Params,
     aux_layers: list[int],
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     out_dir: Path,
     **options: int | dict | None,
 ) -> dict:
@@ -329,14 +330,14 @@ def extract_features(
 
 
 def extract_on_hf(
-    params: Params, fingerprint: dict, out_dir: Path, **options: int | dict | None
+    params: Params, fingerprint: Fingerprint, out_dir: Path, **options: int | dict | None
 ) -> tuple[dict, str]:
     """The hf backend's extraction: the target loaded as the dtypes stage recorded (weights packed
     where that pays), the store filled; returns the manifest and the dtype it computed in."""
     target = load_target(pinned(params, "prefill").target)
     if params.extract.pack_weights:
         pack_linears(target.model)  # a no-op outside float32 on CPU
-    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, out_dir, **options)
+    manifest = extract_features(target, params, list(fingerprint.aux_layers), fingerprint, out_dir, **options)
     return manifest, str(target.model.dtype).removeprefix("torch.")
 
 
@@ -347,7 +348,7 @@ def seal_store(
     backend: Backend,
     params: Params,
     aux_layers: list[int],
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     num_samples: int,
 ) -> dict:
     """The completed shards in `work` made a store: its token file and sealed manifest."""
@@ -363,7 +364,7 @@ def seal_store(
     dtype = params.extract.store_dtype  # float8_e4m3fn: fp8 rows + a float32 scale each (store.py)
     manifest = {
         "schema_version": SCHEMA_VERSION,
-        "fingerprint": fingerprint,
+        "fingerprint": fingerprint.to_json(),
         "aux_layers": list(aux_layers),
         "dtype": dtype,
         "hidden_size": hidden_size,
@@ -392,7 +393,7 @@ def run_extraction(
     backend: Backend,
     params: Params,
     aux_layers: list[int],
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     out_dir: Path,
     stop_after_shards: int | None = None,
     stats: dict | None = None,

@@ -26,6 +26,7 @@ from eagle3.data.store import Sample
 from eagle3.sglang.features import checked_servers, target_of, text_sample
 from eagle3.sglang.rows import generate_body, request_rows
 from eagle3.sglang.servers import ExtractionServers
+from eagle3.target.fingerprint import Fingerprint
 from eagle3.target.load import eos_token_ids_of_folder, has_chat_template, resolve_target
 from eagle3.target.render import render_prompt
 
@@ -78,7 +79,7 @@ def sglang_group_fn(
 
 def extract_with_sglang(
     params: Params,
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     out_dir: Path,
     **options: int | dict | None,
 ) -> tuple[dict, str]:
@@ -94,4 +95,4 @@ def extract_with_sglang(
     compute = sglang_group_fn(servers, hidden, params, tokenizer, chat, stop)
     backend = Backend(tokenizer, chat, hidden, compute, servers.top_logprobs)
     manifest = run_extraction(backend, params, checked.aux_layers, fingerprint, out_dir, **options)
-    return manifest, fingerprint["dtype"]
+    return manifest, fingerprint.dtype

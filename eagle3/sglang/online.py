@@ -39,12 +39,13 @@ R = TypeVar("R")
 def sglang_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck, int | None]:
     """(features of rendered samples, the re-check, N of the top-N the store's target mode gives
     or None for final-norm states) from the servers patch-check checked."""
-    if store.fingerprint.get("engine") != "sglang":
+    fingerprint = store.fingerprint
+    if fingerprint.engine != "sglang":
         raise ValueError(
             "extract.backend is 'sglang' but the online store was checked on "
-            f"{store.fingerprint.get('engine')}: run patch-check and extract again"
+            f"{fingerprint.engine}: run patch-check and extract again"
         )
-    checked = checked_servers(params, store.fingerprint)
+    checked = checked_servers(params, fingerprint)
     if checked.aux_layers != store.aux_layers:
         raise ValueError(
             f"the servers capture layers {checked.aux_layers}, the store was made for {store.aux_layers}"

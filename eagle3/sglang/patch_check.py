@@ -62,7 +62,7 @@ def sglang_patch_check(params: Params) -> dict:
         checks.append(handover)
     base = fingerprint(target, aux_layers)
     return {
-        "fingerprint": sglang_fingerprint(base, aux_args, final_args, rule, top),
+        "fingerprint": sglang_fingerprint(base, aux_args, final_args, rule, top).to_json(),
         "convention": f"aux layer id L = output of decoder layer L = HF hidden_states[L + 1]; SGLang "
         f"({rule.family}): {rule.capture}",
         "checks": checks,

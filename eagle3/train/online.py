@@ -123,7 +123,7 @@ def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck
     own `capture_rows` at the torch threads extraction ran at (the store's `capture_threads`: on
     some CPUs a forward's bits depend on them); the re-check is its plain forward's
     output_hidden_states. Its store holds final-norm states, not a top-N (the None)."""
-    engine = store.fingerprint.get("engine")
+    engine = store.fingerprint.engine
     if engine != "transformers":
         raise InputError(
             f"the online store was checked on {engine}, not the in-process target (transformers): "
