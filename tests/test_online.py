@@ -170,7 +170,8 @@ def test_online_forwards_run_at_the_stores_threads_on_the_prefetch_thread(
     caller keeps its 1, and the features are the store's bytes."""
     monkeypatch.chdir(online)  # where the train stage runs: its params and recorded dtypes
     store = FeatureStore("artifacts/extract")
-    compute, recheck, _ = hf_features(load_params(), store)
+    feed = hf_features(load_params(), store)
+    assert feed.target_topk is None  # the in-process target's store holds final-norm states
     assert torch.get_num_threads() == 1  # loading the target left the caller's count alone
     seen: list[int] = []
     counting = torch.nn.modules.module.register_module_forward_pre_hook(
@@ -180,8 +181,8 @@ def test_online_forwards_run_at_the_stores_threads_on_the_prefetch_thread(
     try:
         tokens = [[store.sample(i) for i in batch] for batch in samples]
         rendered = [[Rendered(t["input_ids"].numpy(), t["loss_mask"].numpy()) for t in b] for b in tokens]
-        computed = list(prefetched(compute, rendered, depth=1))
-        again = recheck.again(rendered[0][0])
+        computed = list(prefetched(feed.compute, rendered, depth=1))
+        again = feed.recheck.again(rendered[0][0])
     finally:
         counting.remove()
     assert seen and set(seen) == {CAPTURE_THREADS}

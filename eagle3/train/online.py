@@ -59,6 +59,17 @@ class Recheck:
     source: str
 
 
+@dataclass(frozen=True)
+class OnlineFeed:
+    """What a backend's online role gives training for an online store: the features of rendered
+    samples, in order; the re-check of one sample computed again; and N when the samples hold the
+    target's top-N logprobs in place of its final-norm states (None)."""
+
+    compute: FeatureFn
+    recheck: Recheck
+    target_topk: int | None
+
+
 class OnlineFeatures:
     """Per-sample rows of an online store: its tokens, and features computed now."""
 
@@ -117,12 +128,12 @@ def at_threads(threads: int | None, fn: Callable[..., R]) -> Callable[..., R]:
     return run
 
 
-def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck, None]:
+def hf_features(params: Params, store: FeatureStore) -> OnlineFeed:
     """The in-process target as the online store's feature source: loaded as extraction loads it
     (the prefill dtype the dtypes stage recorded, packed weights), computing with extraction's
     own `capture_rows` at the torch threads extraction ran at (the store's `capture_threads`: on
     some CPUs a forward's bits depend on them); the re-check is its plain forward's
-    output_hidden_states. Its store holds final-norm states, not a top-N (the None)."""
+    output_hidden_states. Its store holds final-norm states, not a top-N."""
     engine = store.fingerprint.engine
     if engine != "transformers":
         raise InputError(
@@ -146,7 +157,7 @@ def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck
         at_threads(threads, partial(reference_sample, target, aux_layers=aux)),
         "the in-process target's plain forward (output_hidden_states)",
     )
-    return compute, recheck, None
+    return OnlineFeed(compute, recheck, target_topk=None)
 
 
 def disagreement(a: Sample, b: Sample) -> str | None:
@@ -216,11 +227,8 @@ class OnlineSource:
     prefetch_batches: int
 
 
-def online_source(
-    inputs: TrainInputs, compute: FeatureFn, recheck: Recheck, prefetch_batches: int, target_topk: int | None
-) -> OnlineSource:
+def online_source(inputs: TrainInputs, feed: OnlineFeed, prefetch_batches: int) -> OnlineSource:
     """The feature source of an online store, taking the argmax as a store's pass would."""
-    features = OnlineFeatures(
-        inputs.store, compute, argmax_head(inputs.head), inputs.t2d, target_topk, recheck
-    )
+    head = argmax_head(inputs.head)
+    features = OnlineFeatures(inputs.store, feed.compute, head, inputs.t2d, feed.target_topk, feed.recheck)
     return OnlineSource(features, prefetch_batches)
