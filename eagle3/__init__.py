@@ -18,7 +18,7 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
     decoding/           speculative decoding and its evaluation
     sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and
                         evaluation on SGLang servers, built on target/, data/, drafter/, decoding/
-    backends.py         the features backends (hf, sglang) behind one protocol: the stages call it
+    backends.py         the target backends (hf, sglang), one Protocol per role: the stages call it
     derived/            dvc.yaml and params.yaml written from their declarations (core/pipeline.py,
                         core/params.py) and the stages' imports; no stage imports it
     sweep/              experiments as rows, what a run costs (the plan), the sweep's decision and

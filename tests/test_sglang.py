@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from eagle3.core.layer_ids import layer_id_rule
 from eagle3.core.params import ParamsError, parse_params
-from eagle3.data.extract import Backend, extract_features, run_extraction
+from eagle3.data.extract import ExtractionPlan, extract_features, run_extraction
 from eagle3.data.store import FEATURE_KEYS, MANIFEST, TOPK_KEYS, FeatureStore
 from eagle3.sglang.check import (
     CHECK_CONVERSATIONS,
@@ -456,8 +456,8 @@ def run_sglang(params, smollm2, out: Path) -> dict:
     servers = ExtractionServers.from_params(params.extract)  # the servers `tiny` names
     stop = eos_token_ids_of_folder(path, smollm2.tokenizer)
     compute = sglang_group_fn(servers, H, params, smollm2.tokenizer, True, stop)
-    backend = Backend(smollm2.tokenizer, True, H, compute, servers.top_logprobs)
-    return run_extraction(backend, params, AUX, fingerprint(smollm2, AUX), out)
+    plan = ExtractionPlan(smollm2.tokenizer, True, H, compute, servers.top_logprobs)
+    return run_extraction(plan, params, AUX, fingerprint(smollm2, AUX), out)
 
 
 def test_sglang_shards_match_the_hf_backend_format(servers, smollm2, tmp_path):

@@ -253,8 +253,8 @@ GroupFn = Callable[[list[Selected], Callable[[int, int], None]], list[Sample]]
 
 
 @dataclass(frozen=True)
-class Backend:
-    """What an extraction backend brings to the shared loop: the tokenizer and rendering that
+class ExtractionPlan:
+    """How one backend's extraction runs in the shared loop: the tokenizer and rendering that
     select the conversations, the target's hidden size, its shard computation, N when its
     samples hold the target's top-N predictions in place of last_hidden (SGLang top logprobs),
     and the torch threads its forwards run at when they run in this process (hf)."""
@@ -325,8 +325,8 @@ def extract_features(
     # On some CPUs (an AMX Xeon) a forward's last bits depend on the thread count: the store records
     # it, and online training runs its forwards at it (eagle3/train/online.py)
     threads = torch.get_num_threads()
-    backend = Backend(target.tokenizer, chat, target.hidden_size, compute, capture_threads=threads)
-    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
+    plan = ExtractionPlan(target.tokenizer, chat, target.hidden_size, compute, capture_threads=threads)
+    return run_extraction(plan, params, aux_layers, fingerprint, out_dir, **options)
 
 
 def extract_on_hf(
@@ -345,14 +345,14 @@ def seal_store(
     work: Path,
     key: str,
     shards: list[dict],
-    backend: Backend,
+    plan: ExtractionPlan,
     params: Params,
     aux_layers: list[int],
     fingerprint: Fingerprint,
     num_samples: int,
 ) -> dict:
     """The completed shards in `work` made a store: its token file and sealed manifest."""
-    hidden_size, online = backend.hidden_size, params.extract.features == "online"
+    hidden_size, online = plan.hidden_size, params.extract.features == "online"
     # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
     ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
     for entry in shards:
@@ -375,22 +375,22 @@ def seal_store(
         "data": params.data.model_dump(),
         "shards": shards,
     }
-    if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
+    if topk := plan.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
         manifest |= {
             "target_topk": topk,
             "bytes_per_token": feature_bytes_per_token(hidden_size, dtype, topk) + 4 + 1,
         }
     if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
         manifest |= {"features": "online", "bytes_per_token": 4 + 1}
-    if backend.capture_threads is not None:  # an online store: the count training's forwards take
-        manifest["capture_threads"] = backend.capture_threads
+    if plan.capture_threads is not None:  # an online store: the count training's forwards take
+        manifest["capture_threads"] = plan.capture_threads
     manifest = write_manifest(work, manifest, key)  # sealed: tokens sha256, config hash, checksum
     (work / JOURNAL).unlink()  # the sealed manifest vouches for the shards now
     return manifest
 
 
 def run_extraction(
-    backend: Backend,
+    plan: ExtractionPlan,
     params: Params,
     aux_layers: list[int],
     fingerprint: Fingerprint,
@@ -400,15 +400,15 @@ def run_extraction(
     publish: bool = True,
 ) -> dict:
     """The backend-independent part: select, cut into shards, resume, write shards and manifest;
-    `backend.compute` turns one shard's conversations into samples. `stop_after_shards` ends the
+    `plan.compute` turns one shard's conversations into samples. `stop_after_shards` ends the
     run early (as an interruption would), for tests. `stats`, when given, gets
     "computed_tokens" and "computed_seconds": the shards this run computed, not those it resumed
     (the manifest is the same either way). `publish`: the completed work folder replaces `out_dir`
     here; the extract stage passes False and commits it with its other outputs."""
-    tokenizer, chat = backend.tokenizer, backend.chat
+    tokenizer, chat = plan.tokenizer, plan.chat
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = work_folder(out_dir)  # shards and journal until the run completes (store.py)
-    key = config_hash(params, fingerprint, backend.capture_threads)
+    key = config_hash(params, fingerprint, plan.capture_threads)
     # Bad data fails here, before anything of the last run is removed.
     selected = select_conversations(params, tokenizer, chat)
     # Intact shards of this config (journal or finished manifest), now in `work`; the out is kept.
@@ -416,7 +416,7 @@ def run_extraction(
     per_shard = params.extract.shard_samples
     groups = [selected[i : i + per_shard] for i in range(0, len(selected), per_shard)]
     online = params.extract.features == "online"
-    compute = tokens_only(backend.compute, params) if online else backend.compute
+    compute = tokens_only(plan.compute, params) if online else plan.compute
     tokens_done, started = 0, time.perf_counter()
     with _progress() as progress:
         task = progress.add_task("extract", total=len(selected), tok_s=0.0)
@@ -439,7 +439,7 @@ def run_extraction(
     shards = [done[i] for i in range(len(groups))]
 
     # The new store is completed in the work folder; the last one stays in place until then.
-    manifest = seal_store(work, key, shards, backend, params, aux_layers, fingerprint, len(selected))
+    manifest = seal_store(work, key, shards, plan, params, aux_layers, fingerprint, len(selected))
     if publish:  # else the caller puts the work folder in place (the extract stage's commit)
         publish_store(out_dir)
     return manifest

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer
 
 from eagle3.core.params import Params
-from eagle3.data.extract import Backend, GroupFn, Selected, run_extraction
+from eagle3.data.extract import ExtractionPlan, GroupFn, Selected, run_extraction
 from eagle3.data.store import Sample
 from eagle3.sglang.features import checked_servers, target_of, text_sample
 from eagle3.sglang.rows import generate_body, request_rows
@@ -93,6 +93,6 @@ def extract_with_sglang(
     stop = eos_token_ids_of_folder(path, tokenizer)
     servers, hidden = checked.servers, checked.hidden_size
     compute = sglang_group_fn(servers, hidden, params, tokenizer, chat, stop)
-    backend = Backend(tokenizer, chat, hidden, compute, servers.top_logprobs)
-    manifest = run_extraction(backend, params, checked.aux_layers, fingerprint, out_dir, **options)
+    plan = ExtractionPlan(tokenizer, chat, hidden, compute, servers.top_logprobs)
+    manifest = run_extraction(plan, params, checked.aux_layers, fingerprint, out_dir, **options)
     return manifest, fingerprint.dtype
