@@ -62,10 +62,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+# Fixtures no unit test uses: the real target's load, and the projects built by running stages.
+# A test that asks for one is in the full suite only (the `slow` marker, pyproject.toml).
+SLOW_FIXTURES = {"smollm2", "faults_stages", "sglang_top_logprobs"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__ if item.module else item.nodeid
         item.add_marker(pytest.mark.xdist_group(SHARED_PROJECT_GROUPS.get(module, module)))
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

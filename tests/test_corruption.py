@@ -30,6 +30,8 @@ from eagle3.target.load import resolve_target
 from eagle3.target.patch_check import fingerprint
 from eagle3.train.loop import CHECKPOINT, TrainInputs, train_drafter, trainable_state
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # stages/ is no installed package: import it as `python -m stages.x` does
 import stages.train  # noqa: E402

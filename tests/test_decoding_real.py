@@ -12,6 +12,8 @@ from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.target.load import eos_token_ids
 from eagle3.target.render import render_prompt, user_turn
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def smollm2():

@@ -63,6 +63,7 @@ def test_a_hand_edit_of_a_params_comment_fails_too(tmp_path, derived):
     assert "make it in eagle3/core/params.py" in line
 
 
+@pytest.mark.slow
 def test_the_command_writes_and_checks(tmp_path, capsys):
     assert cli(["pipeline", "check"]) == 0
     assert capsys.readouterr().out == "dvc.yaml, params.yaml are current\n"
@@ -70,6 +71,7 @@ def test_the_command_writes_and_checks(tmp_path, capsys):
     assert capsys.readouterr().out == "dvc.yaml, params.yaml were current\n"
 
 
+@pytest.mark.slow
 def test_a_new_import_becomes_a_dep(tmp_path, derived):
     """The deps follow the code: vocab-map starting to import eagle3/decoding/stats.py lists it
     (a package it imports whole would be one entry), and the committed dvc.yaml is stale."""

@@ -83,6 +83,7 @@ def test_code_and_math_come_from_their_packages_first_problems_first():
         math_prompts(2000)
 
 
+@pytest.mark.slow
 def test_long_contexts_are_held_out_and_2k_to_4k_tokens(count_tokens):
     data = DataParams()
     prompts = long_prompts(2, data, count_tokens)

@@ -25,7 +25,7 @@ from eagle3.core.stage_commit import AREA, journal_path
 from eagle3.drafter import Eagle3Drafter, export_drafter
 
 # the session's tiny project may be built in this module's setup (tests/test_faults.py says why)
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
 WRITTEN = ("artifacts", "metrics", "plots")
 # Fault injection at a point, not a time: a SIGKILL of the vocab-map stage (only: DVC loads this

@@ -21,7 +21,7 @@ from project_copy import DVC, GIT_DVC_INIT, copy_code
 # Past the suite's 15-minute default: the session's tiny project (patch-check, extract, vocab-map;
 # conftest.py's faults_stages) may be built in the first test's setup; that test took 630 s (380 s
 # setup) on a 2-core machine under other load, 1.4x from the default.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -188,6 +188,7 @@ def test_online_with_an_fp8_store_is_refused_naming_both_keys():
     assert parse_params({"extract": {"store_dtype": FP8}}).extract.store_dtype == FP8
 
 
+@pytest.mark.slow
 def test_training_runs_on_an_fp8_store(tmp_path):
     """The loop reads the fp8 store as bf16 (dequantized) and learns as on the bf16 store."""
     inputs = tiny_inputs(tmp_path / "bf16")

@@ -81,6 +81,7 @@ def test_prefetch_raises_at_the_failing_item_and_closing_stops_the_thread():
 # --- features are a function of the sample ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_samples_features_do_not_depend_on_the_samples_beside_it(dtype):
     """Real SmolLM2: each sample alone, with others of its forward width (31, 17 and 9 tokens are

@@ -219,6 +219,7 @@ def test_cache_hit_is_flushed_and_re_requested(servers):
     assert rows.prefill.shape == (61, 3 * H) and aux.flushes == 1
 
 
+@pytest.mark.slow
 def test_a_flush_refused_a_moment_after_the_reply_is_tried_again(servers):
     """SGLang 0.5.23 may refuse a flush right after its reply, its scheduler not yet idle: a few
     refusals are waited out (rows.FLUSH_WAITS_S); one that lasts names --disable-radix-cache."""
@@ -331,6 +332,7 @@ def test_deepseek_and_kimi_refuse_two_batch_overlap():
         layer_id_rule("MysteryForCausalLM")
 
 
+@pytest.mark.slow
 def test_pools_must_agree(servers):
     aux, final = servers
     aux_args, final_args = check_pools(ServerPool([aux.url]), ServerPool([final.url]), AUX, LLAMA)
@@ -660,6 +662,7 @@ def test_the_pipeline_trains_on_top_logprobs_from_replay_servers(servers, sglang
     assert done.returncode == 1 and "patch-check checked top 20 logprobs" in done.stderr
 
 
+@pytest.mark.slow
 def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path):
     """The real stages as DVC runs them (python -m stages.<name>), pointed at the replay servers."""
     aux, final = servers
@@ -695,6 +698,7 @@ def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path
     )
 
 
+@pytest.mark.slow
 def test_serve_command_matches_the_eval_params(tmp_path):
     drafter = tmp_path / "drafter"
     drafter.mkdir()

@@ -85,6 +85,7 @@ SGLANG_PYTHON, WHY_SKIPPED = _sglang_python()
 pytestmark = [
     pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED),
     pytest.mark.timeout(STARTUP_TIMEOUT_S + 2 * STAGE_TIMEOUT_S),
+    pytest.mark.slow,
 ]
 
 # The launch that works on a CPU (tools/sglang_cpu/README.md), plus --sleep-on-idle: without it

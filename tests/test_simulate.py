@@ -16,6 +16,8 @@ from eagle3.train.loop import train_drafter
 from eagle3.train.simulate import SHAPES, DraftShape, accepted_lengths
 from eagle3.train.ttt import LossConfig, TTTModel, shift_left
 
+pytestmark = pytest.mark.slow
+
 T = 24
 
 

@@ -250,6 +250,7 @@ def test_topk_target_keeps_the_targets_top_n_inside_the_draft_vocab():
             assert torch.isclose(top2[b, t].sum(), torch.tensor(1.0))
 
 
+@pytest.mark.slow
 def test_training_on_the_targets_top_n_learns_and_differs_from_the_full_distribution(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     top1 = train_drafter(tiny_params(epochs=3, target_topk=1), inputs)
@@ -278,6 +279,7 @@ def top_n_store(source: FeatureStore, head: torch.Tensor, n: int, folder: Path) 
     return FeatureStore(folder)
 
 
+@pytest.mark.slow
 def test_a_top_n_store_trains_like_the_top_n_taken_from_last_hidden(tmp_path):
     """What SGLang's top logprobs give is what train.target_topk simulates from last_hidden."""
     inputs = tiny_inputs(tmp_path / "f")
@@ -321,6 +323,7 @@ def test_split_and_batches_are_deterministic(tmp_path):
 # --- training loop ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_training_learns_and_reports(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     out = train_drafter(tiny_params(epochs=6), inputs)
@@ -348,6 +351,7 @@ def test_a_gpu_trains_the_cpu_drafter(tmp_path, monkeypatch):
     torch.testing.assert_close(gpu.drafter.state_dict(), cpu.drafter.state_dict(), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_eagle31_trains_exports_and_reloads(tmp_path):
     p = tiny_params(epochs=2, fc_norm=True, norm_output=True)
     inputs = tiny_inputs(tmp_path / "f", p)
@@ -371,6 +375,7 @@ def test_eagle31_trains_exports_and_reloads(tmp_path):
     assert torch.equal(first, again)
 
 
+@pytest.mark.slow
 def test_intermediate_size_param_sets_the_drafter_mlp(tmp_path):
     p = tiny_params(epochs=1, intermediate_size=24)
     out = train_drafter(p, tiny_inputs(tmp_path / "f", p))
@@ -378,6 +383,7 @@ def test_intermediate_size_param_sets_the_drafter_mlp(tmp_path):
     assert out.drafter.midlayer.mlp.down_proj.weight.shape == (H, 24)
 
 
+@pytest.mark.slow
 def test_frozen_head_stays_the_target_head_and_is_not_optimised(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     out = train_drafter(tiny_params(epochs=2, head_trainable=False), inputs, tmp_path / "ck")
@@ -428,6 +434,7 @@ def test_frozen_head_needs_target_init():
         parse_params({"train": {"head_trainable": False, "head_init": "random"}})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head_init", ["target", "random"])
 def test_head_init_starts_from_the_target_head_and_norm(tmp_path, head_init):
     inputs = tiny_inputs(tmp_path / "f")
@@ -440,6 +447,7 @@ def test_head_init_starts_from_the_target_head_and_norm(tmp_path, head_init):
     assert from_target == (head_init == "target")
 
 
+@pytest.mark.slow
 def test_resume_gives_bitwise_identical_weights(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     p = tiny_params()
@@ -467,6 +475,7 @@ def _ddp_worker(out: Path, folder: Path) -> None:
         torch.save({"curve": result.curve, "state": trainable_state(result.drafter)}, out)
 
 
+@pytest.mark.slow
 def test_two_process_gloo_matches_one_process(tmp_path):
     one = tmp_path / "one.pt"
     two = tmp_path / "two.pt"
@@ -587,6 +596,7 @@ if __name__ == "__main__":  # DDP worker for test_two_process_gloo_matches_one_p
     _ddp_worker(Path(sys.argv[1]), Path(sys.argv[2]))
 
 
+@pytest.mark.slow
 def test_max_samples_trains_on_fewer_samples_against_the_same_heldout_set(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     full = train_drafter(tiny_params(epochs=1), inputs).metrics
@@ -599,6 +609,7 @@ def test_max_samples_trains_on_fewer_samples_against_the_same_heldout_set(tmp_pa
 # --- the target's argmax, kept per feature store ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_target_argmax_is_kept_per_feature_store_and_trains_the_same_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
     inputs = tiny_inputs(tmp_path / "f")
@@ -658,6 +669,7 @@ def test_a_killed_argmax_pass_keeps_what_it_wrote_and_the_next_computes_the_rest
     assert all(torch.equal(resumed[s], direct[s]) for s in samples)
 
 
+@pytest.mark.slow
 def test_a_run_sees_few_matmul_shapes_and_the_same_loss(tmp_path, monkeypatch):
     """Batch widths and the head's row counts are padded to fixed multiples (each new shape made
     oneDNN build and cache kernels, and peak RSS grew with the steps); the padding changes no loss."""

@@ -113,6 +113,7 @@ def test_row_average_divides_every_step_by_the_padded_batch():
     assert float(row_loss) < float(token_loss)  # fewer counted positions than B x T
 
 
+@pytest.mark.slow
 def test_the_official_conventions_train_differently(tmp_path):
     """Each param reaches the training steps; the defaults train what naming them trains."""
 
