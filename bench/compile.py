@@ -31,7 +31,7 @@ from eagle3.core.device import machine
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import TargetParams
 from eagle3.decoding.engine import greedy_decode
-from eagle3.verifier.load import eos_token_ids, load_target
+from eagle3.target.load import eos_token_ids, load_target
 
 
 def compiled_copy(model: torch.nn.Module, mode: str | None, dynamic: bool) -> torch.nn.Module:

@@ -24,7 +24,7 @@ from eagle3.decoding.evaluate import run_comparison, summarize
 from eagle3.decoding.prompts import answered, load_prompts, render_prompts
 from eagle3.decoding.setup import DecodingSetup
 from eagle3.dtypes.probes import DTYPES
-from eagle3.verifier.load import Target, has_chat_template
+from eagle3.target.load import Target, has_chat_template
 
 
 def load_pair(

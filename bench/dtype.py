@@ -24,7 +24,7 @@ from eagle3.core.device import machine, machine_class
 from eagle3.core.params import TargetParams
 from eagle3.dtypes.probes import JOBS, REPS, DraftShape, Shape, Work, measure
 from eagle3.dtypes.rule import decide, explain
-from eagle3.verifier.load import load_target_config
+from eagle3.target.load import load_target_config
 
 
 def works(shape: Shape, jobs: list[str], verify: list[int], draft_vocab: int) -> list[Work]:

@@ -18,8 +18,8 @@ import torch
 from eagle3.core.device import machine
 from eagle3.core.params import parse_params
 from eagle3.data.extract import capture_batch, select_conversations, token_batches
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import load_target
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import load_target
 
 
 def main() -> None:

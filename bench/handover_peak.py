@@ -60,7 +60,7 @@ from eagle3.sglang.client import ServerPool, SGLangError  # noqa: E402
 from eagle3.sglang.handover import HookTransport  # noqa: E402
 from eagle3.sglang.launch import stop_group  # noqa: E402
 from eagle3.sglang.rows import prefill_body  # noqa: E402
-from eagle3.verifier.load import resolve_target  # noqa: E402
+from eagle3.target.load import resolve_target  # noqa: E402
 
 SGLANG_PYTHON = os.environ.get("EAGLE3_SGLANG_PYTHON", "/work/sglang-venv/bin/python")
 SHAREGPT = BENCH / "tests" / "fixtures" / "sharegpt-48.jsonl"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ def per_sample_hits(folders: list[str], positions: list[str], ttt_length: int) -
             for i, sample in enumerate(source.samples):
                 batch = source.batch([sample], torch.float32)
                 for p, counted in enumerate(positions):
-                    model.loss_positions = counted
+                    model.loss = replace(model.loss, positions=counted)
                     _, stats = model(batch)
                     out[p, d, i] = torch.stack([stats.correct, stats.count]).numpy()
     return out

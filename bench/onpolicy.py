@@ -20,8 +20,8 @@ from eagle3.core.packed import pack_linears
 from eagle3.core.params import parse_params
 from eagle3.data.extract import capture_batch, select_conversations, token_batches
 from eagle3.data.onpolicy import generate_with_features
-from eagle3.verifier.load import eos_token_ids, load_target
-from eagle3.verifier.render import render_prompt
+from eagle3.target.load import eos_token_ids, load_target
+from eagle3.target.render import render_prompt
 
 
 def main() -> None:

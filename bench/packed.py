@@ -20,7 +20,7 @@ import torch
 from eagle3.core.device import machine
 from eagle3.core.packed import pack_linears
 from eagle3.core.params import TargetParams
-from eagle3.verifier.load import load_target
+from eagle3.target.load import load_target
 
 
 def main() -> None:

@@ -35,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle3.core.device import machine, native_bf16  # noqa: E402
 from eagle3.core.params import TargetParams, TrainParams, default_aux_layers  # noqa: E402
 from eagle3.drafter import DrafterConfig, Eagle3Drafter  # noqa: E402
-from eagle3.drafter.cost import draft_step_flops, precision_of, training_memory  # noqa: E402
+from eagle3.drafter.cost import draft_step_flops, training_memory  # noqa: E402
 from eagle3.dtypes.policy import resolve_dtype  # noqa: E402
+from eagle3.dtypes.precision import precision_of  # noqa: E402
+from eagle3.target.load import load_target_config  # noqa: E402
 from eagle3.train.data import Batch  # noqa: E402
-from eagle3.train.ttt import TTTModel  # noqa: E402
-from eagle3.verifier.load import load_target_config  # noqa: E402
+from eagle3.train.ttt import LossConfig, TTTModel  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -103,7 +104,7 @@ def train_rate(
     torch.manual_seed(0)
     with device:  # built where it trains: a Kimi-sized drafter is GiBs to copy
         drafter = Eagle3Drafter(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size).to(dtype)).to(master)
-        model = TTTModel(drafter, torch.randn(k, cfg.hidden_size).to(dtype), ttt, 0.8)
+        model = TTTModel(drafter, torch.randn(k, cfg.hidden_size).to(dtype), LossConfig(ttt, 0.8))
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     batch = synthetic_batch(b, t, cfg.hidden_size, cfg.vocab_size, torch.bfloat16 if autocast else master)

@@ -61,7 +61,7 @@ from eagle3.sglang.client import ServerPool  # noqa: E402
 from eagle3.sglang.handover import HookTransport  # noqa: E402
 from eagle3.sglang.launch import stop_group  # noqa: E402
 from eagle3.sglang.rows import JSON, prefill_body  # noqa: E402
-from eagle3.verifier.load import resolve_target  # noqa: E402
+from eagle3.target.load import resolve_target  # noqa: E402
 
 SGLANG_PYTHON = os.environ.get("EAGLE3_SGLANG_PYTHON", "/work/sglang-cpu/bin/python")
 STAND_IN = REPO / "tools" / "sglang_cpu"
@@ -478,7 +478,7 @@ def end_to_end(url: str, handover: Path, samples: int, reps: int, in_flight: int
     from eagle3.data.extract import select_conversations
     from eagle3.sglang.extract import sglang_group_fn
     from eagle3.sglang.servers import ExtractionServers, TopLogprobs
-    from eagle3.verifier.load import eos_token_ids_of_folder, has_chat_template
+    from eagle3.target.load import eos_token_ids_of_folder, has_chat_template
 
     raw = {
         "data": {"source": str(SHAREGPT), "num_samples": samples, "max_length": 512, "seed": 0},

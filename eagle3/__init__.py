@@ -9,7 +9,7 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
                         (layer_ids.py), MLflow glue; imports nothing else of eagle3
     dtypes/             which dtype each job computes in: measured on its work, decided by one rule,
                         kept per machine, recorded per run for DVC
-    verifier/           the target model: load it, render text as it reads it, capture, patch-check
+    target/             the target model: load it, render text as it reads it, capture, patch-check
     data/               conversations, the feature store, the extraction loop, the rows' bytes
                         between processes (wire.py: torch-only, imported inside SGLang servers)
     vocab.py            the draft vocabulary (d2t/t2d) and its coverage
@@ -18,8 +18,8 @@ itself), never one below; tests/test_layers.py checks this against LAYERS. stage
     train/              the TTT unroll, the loop, simulated acceptance
     decoding/           speculative decoding and its evaluation
     sglang/             the SGLang adapter: server args, client, rows, patch-check, extraction and
-                        evaluation on SGLang servers, built on verifier/, data/, drafter/, decoding/
-    backends.py         the features backends (hf, sglang) behind one protocol: the stages call it
+                        evaluation on SGLang servers, built on target/, data/, drafter/, decoding/
+    backends.py         the target backends (hf, sglang), one Protocol per role: the stages call it
     derived/            dvc.yaml and params.yaml written from their declarations (core/pipeline.py,
                         core/params.py) and the stages' imports; no stage imports it
     sweep/              experiments as rows, what a run costs (the plan), the sweep's decision and
@@ -34,7 +34,7 @@ from __future__ import annotations
 LAYERS = (
     "core",
     "dtypes",
-    "verifier",
+    "target",
     "data",
     "vocab",
     "drafter",

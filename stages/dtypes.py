@@ -11,8 +11,8 @@ from eagle3.core.device import machine
 from eagle3.core.params import check_against_target
 from eagle3.dtypes.decisions import resolve, table
 from eagle3.dtypes.resolved import FOLDER, record
+from eagle3.target.load import load_target_config
 from eagle3.train.prepare import dtype_shapes
-from eagle3.verifier.load import load_target_config
 from stages.common import console, reported_failures, validated_params
 
 

@@ -9,9 +9,10 @@ from eagle3.backends import backend_for, require_engine
 from eagle3.core.device import machine
 from eagle3.core.pipeline import FEATURES, PATCH_REPORT, metrics_path
 from eagle3.core.stage_commit import staged_outputs
-from eagle3.core.stageio import read_json, write_json
+from eagle3.core.stageio import write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.store import work_folder
+from eagle3.target.fingerprint import read_fingerprint
 from stages.common import console, reported_failures, validated_params
 
 
@@ -22,11 +23,11 @@ def main() -> None:
     with reported_failures("extract"), staged_outputs("extract") as staged:
         if not PATCH_REPORT.exists():
             raise FileNotFoundError(f"{PATCH_REPORT} is missing: run the patch-check stage first")
-        fingerprint = read_json(PATCH_REPORT)["fingerprint"]
-        if fingerprint["target_source"] != params.target.source:
+        fingerprint = read_fingerprint(PATCH_REPORT)
+        if fingerprint.target_source != params.target.source:
             raise ValueError(
                 f"target.source is '{params.target.source}' but {PATCH_REPORT} checked "
-                f"'{fingerprint['target_source']}': run patch-check again"
+                f"'{fingerprint.target_source}': run patch-check again"
             )
         backend = backend_for(params.extract.backend)
         require_engine(backend, fingerprint, str(PATCH_REPORT))
@@ -49,9 +50,7 @@ def main() -> None:
         with pipeline_run(params, "extract") as run:
             run.log_metrics(metrics)
             tags = {"extract.dtype": metrics["dtype"], "extract.machine": machine()}
-            run.set_tags(
-                tags | {"extract.engine": f"{fingerprint['engine']} {fingerprint['engine_version']}"}
-            )
+            run.set_tags(tags | {"extract.engine": f"{fingerprint.engine} {fingerprint.engine_version}"})
     resumed = manifest["num_tokens"] - stats.get("computed_tokens", 0)
     console.print(
         f"extracted {manifest['num_tokens']:,} tokens of {manifest['num_samples']} samples in {seconds:.0f} s"

@@ -12,6 +12,7 @@ from eagle3.core.pipeline import PATCH_REPORT, metrics_path
 from eagle3.core.stage_commit import staged_outputs
 from eagle3.core.stageio import write_json
 from eagle3.core.tracking import pipeline_run
+from eagle3.target.fingerprint import Fingerprint
 from stages.common import console, reported_failures, validated_params
 
 
@@ -21,16 +22,16 @@ def main() -> None:
     with reported_failures("patch-check"), staged_outputs("patch-check") as staged:
         report = backend_for(params.extract.backend).patch_check(params)
         write_json(staged.path(PATCH_REPORT), report)
-        fp = report["fingerprint"]
+        fp = Fingerprint.from_json(report["fingerprint"], str(PATCH_REPORT))
         metrics = {
             "patch_check_passed": True,
-            "num_layers": fp["num_layers"],
-            "hidden_size": fp["hidden_size"],
+            "num_layers": fp.num_layers,
+            "hidden_size": fp.hidden_size,
         }
         write_json(staged.path(metrics_path("patch-check")), metrics)
         with pipeline_run(params, "patch-check") as run:
             run.log_metrics(metrics)
-    console.print(f"patch-check passed: aux layers {fp['aux_layers']}, {fp['engine']} {fp['engine_version']}")
+    console.print(f"patch-check passed: aux layers {list(fp.aux_layers)}, {fp.engine} {fp.engine_version}")
 
 
 if __name__ == "__main__":

@@ -55,8 +55,8 @@ def prepare(params: Params) -> tuple[TrainInputs, OnlineSource | None]:
     if not inputs.store.online:
         return inputs, None
     # the backend that made the store computes its features: the store's fingerprint names it
-    compute, recheck, topk = backend_of(inputs.store.fingerprint).online(params, inputs.store)
-    return inputs, online_source(inputs, compute, recheck, params.online.prefetch_batches, topk)
+    feed = backend_of(inputs.store.fingerprint).online(params, inputs.store)
+    return inputs, online_source(inputs, feed, params.online.prefetch_batches)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from eagle3.core.stageio import write_csv, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
-from eagle3.verifier.load import load_target_config
+from eagle3.target.load import load_target_config
 from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
 from stages.common import console, reported_failures, validated_params
 
@@ -26,23 +26,23 @@ def main() -> None:
         store = FeatureStore(FEATURES)  # refuses an edited manifest
         tokens = store.tokens()  # refuses a token file that differs from the manifest
         fp = store.fingerprint
-        counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp["vocab_size"])
+        counts = count_tokens(tokens["input_ids"].numpy(), tokens["loss_mask"].numpy(), fp.vocab_size)
         init = None
         dflash = params.drafter.kind == "dflash"
         if params.train.init:  # its aux ids read by the target family's rule
             init = read_init_drafter(params.train.init, load_target_config(params.target))
         if dflash:  # the target's whole vocabulary: its own lm_head
-            vocab = build_vocab_map(counts, fp["vocab_size"])
+            vocab = build_vocab_map(counts, fp.vocab_size)
         elif init is None:
             vocab = build_vocab_map(counts, params.vocab.size)
         else:  # warm start: the drafter's own draft vocabulary (part of its weights)
-            vocab = adopt_vocab_map(init, counts, fp["hidden_size"], store.aux_layers, params.vocab.size)
+            vocab = adopt_vocab_map(init, counts, fp.hidden_size, store.aux_layers, params.vocab.size)
         coverage = vocab.coverage()
         metrics = {
             "draft_vocab_size": vocab.draft_size,
-            "target_vocab_size": fp["vocab_size"],
+            "target_vocab_size": fp.vocab_size,
             "coverage": round(coverage, 6),
-            "lm_head_params": vocab.draft_size * fp["hidden_size"],
+            "lm_head_params": vocab.draft_size * fp.hidden_size,
             "distinct_tokens_seen": vocab.distinct_seen,
             "unseen_tokens_filled": vocab.unseen_filled,
         }
@@ -53,8 +53,8 @@ def main() -> None:
                 "counted_mapping_coverage": round(own, 6),
             }
         meta = metrics | {
-            "tokenizer_sha256": fp["tokenizer_sha256"],
-            "target_sha256": fp["target_sha256"],
+            "tokenizer_sha256": fp.tokenizer_sha256,
+            "target_sha256": fp.target_sha256,
             # what train checks, so a mapping of another run or another vocab.size is refused
             "features_manifest_sha256": hashlib.sha256((FEATURES / MANIFEST).read_bytes()).hexdigest(),
         }
@@ -77,7 +77,7 @@ def main() -> None:
             f"{vocab.unseen_filled} draft slots filled with unseen tokens (lowest ids)"
         )
     whole = " (a DFlash drafter's: the target's lm_head)" if params.drafter.kind == "dflash" else ""
-    console.print(f"draft vocab {vocab.draft_size:,} of {fp['vocab_size']:,}{whole}: coverage {coverage:.4f}")
+    console.print(f"draft vocab {vocab.draft_size:,} of {fp.vocab_size:,}{whole}: coverage {coverage:.4f}")
     if init is not None:
         console.print(
             f"adopted from train.init {init.folder}: coverage {coverage:.4f} of this run's tokens, against "

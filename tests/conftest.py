@@ -11,11 +11,31 @@ import pytest
 import torch
 
 from eagle3.core.params import TargetParams
-from eagle3.verifier.load import Target, load_target
+from eagle3.target.fingerprint import Fingerprint
+from eagle3.target.load import Target, load_target
 
 # 48 real ShareGPT conversations (provenance: tests/fixtures/README.md): extraction tests read
 # these instead of parsing the packaged 125 MB file each time.
 SHAREGPT_SAMPLE = Path(__file__).parent / "fixtures" / "sharegpt-48.jsonl"
+
+
+def made_up_fingerprint(**fields: object) -> Fingerprint:
+    """A fingerprint of made-up files (SmolLM2's sizes, aux layers 1, 14, 26), for tests whose
+    target is never loaded or whose hashes nothing compares; `fields` replace its values."""
+    values = {
+        "engine": "transformers",
+        "engine_version": "0",
+        "target_source": "smollm2-135m-instruct",
+        "target_sha256": "t",
+        "tokenizer_sha256": "tok",
+        "num_layers": 30,
+        "hidden_size": 576,
+        "vocab_size": 49152,
+        "aux_layers": (1, 14, 26),
+        "dtype": "float32",
+    }
+    return Fingerprint(**(values | fields))
+
 
 # The suite runs on two pytest-xdist workers (README: `pytest -n 2 --dist loadgroup`). A module's
 # tests stay on one worker, so a module-scoped built project is built once; modules that share a
@@ -43,10 +63,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+# Fixtures no unit test uses: the real target's load, and the projects built by running stages.
+# A test that asks for one is in the full suite only (the `slow` marker, pyproject.toml).
+SLOW_FIXTURES = {"smollm2", "faults_stages", "sglang_top_logprobs"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__ if item.module else item.nodeid
         item.add_marker(pytest.mark.xdist_group(SHARED_PROJECT_GROUPS.get(module, module)))
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +93,9 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def faults_stages(tmp_path_factory) -> Path:
-    """bench/faults.py's tiny project through vocab-map (tests/fault_harness.py), built once for
-    tests/test_faults.py and tests/test_online.py: read only, each module works on a copy."""
+    """The fault harness's tiny project through vocab-map (tests/fault_harness.py), built once for
+    tests/test_faults.py, test_online.py and test_failed_stages.py: read only, each module works
+    on a copy."""
     from fault_harness import build_stages
 
     return build_stages(tmp_path_factory.mktemp("faults-stages"))

@@ -22,6 +22,8 @@ from background import (
 
 from eagle3.cli.queue_workers import RUN_PID_DIR, is_alive, leftover_worker_warning, listed_pids
 
+pytestmark = pytest.mark.slow
+
 # What `dvc queue start` does, reduced: start a daemon that inherits stdout and stderr, then exit.
 DAEMONIZING = """
 import pathlib, subprocess, sys

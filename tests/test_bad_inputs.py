@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import made_up_fingerprint
 
 from eagle3.core.inputs import MAX_LINE_BYTES, InputError
 from eagle3.core.params import TargetParams, parse_params
@@ -29,7 +30,7 @@ from eagle3.data.conversations import load_conversations
 from eagle3.data.extract import extract_features
 from eagle3.data.store import JOURNAL, Sample, work_folder, write_shard
 from eagle3.decoding.prompts import read_prompts
-from eagle3.verifier.load import _packaged_gguf, load_target, load_target_config, resolve_target
+from eagle3.target.load import _packaged_gguf, load_target, load_target_config, resolve_target
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # stages/ is no installed package: import it as `python -m stages.x` does
@@ -268,7 +269,7 @@ def tiny_params(source: Path):
 
 
 AUX = [1, 14, 26]
-FP = {"target_source": "smollm2-135m-instruct", "engine": "transformers", "aux_layers": AUX}
+FP = made_up_fingerprint(aux_layers=tuple(AUX))
 
 
 def test_non_finite_states_are_refused_and_the_finished_shards_kept(smollm2, tmp_path):
@@ -324,7 +325,7 @@ def test_extract_stage_refuses_a_bad_data_file_and_keeps_the_last_store(tmp_path
         (store / name).write_bytes(data)
     report = tmp_path / "artifacts/patch-check/report.json"
     report.parent.mkdir(parents=True)
-    report.write_text(json.dumps({"fingerprint": FP | {"dtype": "float32"}}))
+    report.write_text(json.dumps({"fingerprint": FP.to_json()}))
     bad = tmp_path / "data.jsonl"
     bad.write_bytes(line(GOOD) + b'{"conversations": [{"from": "human", "value": "\xff"}]}\n')
     done = run_stage(

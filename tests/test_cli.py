@@ -13,6 +13,8 @@ from eagle3.cli.command import main
 from eagle3.cli.commands.preset import preset_args
 from eagle3.core.params import ParamsError, parse_params
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 

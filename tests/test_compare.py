@@ -14,7 +14,7 @@ from background import project_env
 from rich.console import Console
 
 from eagle3.cli.command import main
-from eagle3.cli.compare import comparison
+from eagle3.cli.commands.compare import comparison
 from eagle3.cli.queue_workers import WORKER_PID_DIR
 from eagle3.sweep.decide import verdict
 from eagle3.sweep.experiments import Experiment, ExperimentsError, from_dvc_json, select, stale_stages
@@ -82,6 +82,7 @@ def test_rows_differing_only_in_extract_or_train_dtype_share_a_letter():
     assert "B:" in render([baseline, other_eval])
 
 
+@pytest.mark.slow
 def test_verdict_picks_the_fastest_size_and_says_where_coverage_stops_paying(tmp_path):
     found = verdict(SWEEP)
     assert found.best.name == "mid-vocab"
@@ -166,6 +167,7 @@ def test_running_and_queued_experiments_are_left_out_of_dvc_rows():
     assert [r.name for r in from_dvc_json(shown)] == ["main", "done"]
 
 
+@pytest.mark.slow
 def test_compare_warns_of_a_queue_worker_alive_with_an_empty_queue(tmp_path, monkeypatch, capsys):
     """A real DVC project with an empty queue whose worker pid file names a live process: a
     stand-in worker that only sleeps, its arguments naming it a queue worker as DVC's do."""

@@ -25,9 +25,12 @@ import yaml
 from eagle3.core.params import load_params
 from eagle3.data.extract import extract_features
 from eagle3.data.store import MANIFEST, TOKENS, CorruptStoreError, FeatureStore
+from eagle3.target.fingerprint import read_fingerprint
+from eagle3.target.load import resolve_target
+from eagle3.target.patch_check import fingerprint
 from eagle3.train.loop import CHECKPOINT, TrainInputs, train_drafter, trainable_state
-from eagle3.verifier.load import resolve_target
-from eagle3.verifier.patch_check import fingerprint
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # stages/ is no installed package: import it as `python -m stages.x` does
@@ -72,7 +75,7 @@ def write_params(folder: Path, **sections: dict) -> None:
 
 def extract(smollm2, folder: Path) -> None:
     params = load_params(folder / "params.yaml")
-    fp = json.loads((folder / "artifacts/patch-check/report.json").read_text())["fingerprint"]
+    fp = read_fingerprint(folder / "artifacts/patch-check/report.json")
     extract_features(smollm2, params, AUX, fp, folder / "artifacts/extract")
 
 
@@ -98,7 +101,7 @@ def built(smollm2, tmp_path_factory) -> Path:
     root = base / "project"
     (root / "artifacts/patch-check").mkdir(parents=True)
     write_params(root)
-    report = {"fingerprint": fingerprint(smollm2, AUX)}
+    report = {"fingerprint": fingerprint(smollm2, AUX).to_json()}
     (root / "artifacts/patch-check/report.json").write_text(json.dumps(report))
     extract(smollm2, root)
     with inside(root):

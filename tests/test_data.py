@@ -19,9 +19,9 @@ from eagle3.data import extract
 from eagle3.data.conversations import load_conversations, normalise, read_complete_records
 from eagle3.data.extract import extract_features
 from eagle3.data.store import JOURNAL, MANIFEST, CorruptStoreError, FeatureStore, work_folder
-from eagle3.verifier.load import eos_token_ids
-from eagle3.verifier.patch_check import fingerprint
-from eagle3.verifier.render import assistant_spans, render_conversation, render_prompt, user_turn
+from eagle3.target.load import eos_token_ids
+from eagle3.target.patch_check import fingerprint
+from eagle3.target.render import assistant_spans, render_conversation, render_prompt, user_turn
 
 AUX = [1, 14, 26]
 
@@ -196,7 +196,7 @@ def test_shards_of_other_extraction_code_are_not_resumed(smollm2, fp, tmp_path, 
     with open(package / "cli" / "report.py", "a") as f:
         f.write("# not extraction code\n")
     assert code_sha256(package, extract.EXTRACTION_CODE) == before
-    with open(package / "verifier" / "capture.py", "a") as f:
+    with open(package / "target" / "capture.py", "a") as f:
         f.write("# extraction code\n")
     assert code_sha256(package, extract.EXTRACTION_CODE) != before
 

@@ -24,6 +24,7 @@ SETTINGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_good_drafter_is_lossless_and_accepts(setting):
     target, drafter = fitted_pair()
@@ -40,6 +41,7 @@ def test_good_drafter_is_lossless_and_accepts(setting):
     assert any(0 < a < k for a in accepted) or k == 1  # partial acceptances were exercised
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["chain-k4", "tree-wide"])
 def test_random_drafter_is_lossless_with_small_draft_vocab(setting):
     target = tiny_target(seed=3)
@@ -93,6 +95,7 @@ def test_planted_verification_bug_is_caught(buggy, setting):
     assert div.gap > div.tolerance
 
 
+@pytest.mark.slow
 def test_comparison_metrics_on_a_correct_engine():
     target, drafter = fitted_pair()
     spec = engine(target, drafter, mode="tree", k=4, topk=3, tree_budget=10)
@@ -147,6 +150,7 @@ def test_a_float32_tree_run_is_lossless():
         assert spec.generate(p, 16, EOS).tokens == greedy_decode(target, p, 16, EOS).tokens
 
 
+@pytest.mark.slow
 def test_bf16_divergences_are_near_ties_and_explained():
     # In bf16 a k-token verification rounds differently from one-token steps: outputs part
     # at near-ties. The check must explain those (no false alarm) and report greedy_match.

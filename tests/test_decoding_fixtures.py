@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.verifier.capture import capture_hidden_states
+from eagle3.target.capture import capture_hidden_states
 
 V, H, LAYERS = 320, 64, 4
 AUX = [0, 1, 2]

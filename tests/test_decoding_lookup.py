@@ -56,6 +56,7 @@ def _step_contexts(prompt: list[int], out: list[int], accepted: list[int]) -> li
     return contexts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lookup_tokens", [2, 5])
 def test_engine_with_lookup_is_lossless_and_takes_every_right_lookup(lookup_tokens):
     target = tiny_target(seed=7)

@@ -9,13 +9,15 @@ from eagle3.core.params import TargetParams, default_aux_layers
 from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.decoding.prompts import load_prompts
 from eagle3.drafter import DrafterConfig, Eagle3Drafter
-from eagle3.verifier.load import eos_token_ids
-from eagle3.verifier.render import render_prompt, user_turn
+from eagle3.target.load import eos_token_ids
+from eagle3.target.render import render_prompt, user_turn
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from eagle3.verifier.load import load_target
+    from eagle3.target.load import load_target
 
     try:
         return load_target(TargetParams(dtype="float64"))

@@ -33,6 +33,7 @@ def _check(counts: torch.Tensor, probs: torch.Tensor) -> None:
     assert chisquare(obs, exp).pvalue > P_MIN
 
 
+@pytest.mark.slow
 def test_chain_rule_first_token_is_distributed_as_target():
     p = torch.stack([_dist(1), _dist(2), _dist(3)])  # [k+1, V], k = 2
     q = torch.stack([_dist(4), _dist(5)])
@@ -77,6 +78,7 @@ def _exact_two_token_distribution(target, prompt: list[int], temperature: float)
     return (first[:, None] * second).reshape(-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", [dict(mode="chain", k=2), dict(mode="tree", k=2, topk=2, tree_budget=4)])
 def test_engine_samples_the_targets_two_token_distribution(setting):
     target = tiny_target(vocab=V, seed=11)

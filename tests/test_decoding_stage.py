@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # stages/ is no installed package: import it as `python -m stages.x` does
 import stages.speculative_eval  # noqa: E402

@@ -35,9 +35,9 @@ from eagle3.decoding.engine import SpecEngine, greedy_decode
 from eagle3.drafter import DrafterConfig, Eagle3Drafter, export_drafter
 from eagle3.drafter.warm_start import read_init_drafter
 from eagle3.sglang.server_args import check_server_args
-from eagle3.verifier.capture import Captured
-from eagle3.verifier.load import load_target, load_target_config
-from eagle3.verifier.patch_check import PatchCheckError, run_patch_check
+from eagle3.target.capture import Captured
+from eagle3.target.load import load_target, load_target_config
+from eagle3.target.patch_check import PatchCheckError, run_patch_check
 
 FIXTURES = Path(__file__).parent / "fixtures" / "public-drafters"
 FORMS = ("deepseek-v3", "kimi-k2.5")
@@ -59,6 +59,7 @@ def target_params(folder: Path) -> TargetParams:
 # -- the target and capture ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_both_layouts_load_as_the_same_language_model(targets):
     deepseek, kimi = (load_target(target_params(targets[form])) for form in FORMS)
     assert type(kimi.model).__name__ == "Kimi_K25ForConditionalGeneration"
@@ -74,6 +75,7 @@ def test_both_layouts_load_as_the_same_language_model(targets):
     assert int(logits.argmax(-1).max()) < len(deepseek.tokenizer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 def test_patch_check_proves_capture_on_moe_layers(targets, form):
     target = load_target(target_params(targets[form]))
@@ -112,6 +114,7 @@ def capture_layer_inputs(decoder_layers, final_norm, layer_ids: list[int]) -> It
             handle.remove()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 def test_patch_check_catches_a_capture_one_layer_off(targets, form):
     target = load_target(target_params(targets[form]))
@@ -119,6 +122,7 @@ def test_patch_check_catches_a_capture_one_layer_off(targets, form):
         run_patch_check(target, [1, 3, 4], capture=capture_layer_inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 def test_speculative_decoding_is_lossless_on_moe_and_mla(targets, form):
     """Chain and tree (with a lookup branch) verification through MLA's cache and MoE routing give
@@ -347,6 +351,7 @@ PIPELINE = {
         ("kimi-k2.5", [2, 3, 5], "train"),
     ],
 )
+@pytest.mark.slow
 def test_every_stage_runs_on_a_kimi_architecture_target(targets, tmp_path, form, aux, last_stage):
     root = tmp_path / "project"
     copy_code(root)

@@ -63,6 +63,7 @@ def test_a_hand_edit_of_a_params_comment_fails_too(tmp_path, derived):
     assert "make it in eagle3/core/params.py" in line
 
 
+@pytest.mark.slow
 def test_the_command_writes_and_checks(tmp_path, capsys):
     assert cli(["pipeline", "check"]) == 0
     assert capsys.readouterr().out == "dvc.yaml, params.yaml are current\n"
@@ -70,6 +71,7 @@ def test_the_command_writes_and_checks(tmp_path, capsys):
     assert capsys.readouterr().out == "dvc.yaml, params.yaml were current\n"
 
 
+@pytest.mark.slow
 def test_a_new_import_becomes_a_dep(tmp_path, derived):
     """The deps follow the code: vocab-map starting to import eagle3/decoding/stats.py lists it
     (a package it imports whole would be one entry), and the committed dvc.yaml is stale."""
@@ -86,12 +88,31 @@ def test_a_new_import_becomes_a_dep(tmp_path, derived):
     assert dvc_yaml.render(tmp_path) != derived["dvc.yaml"]
 
 
+def test_an_import_for_type_checkers_only_is_no_dep(tmp_path):
+    """An import under `if TYPE_CHECKING:` never runs, so it re-runs nothing; its else branch runs."""
+    for folder in ("eagle3", "stages"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    stage = tmp_path / "stages/vocab_map.py"
+    typed = [
+        "from typing import TYPE_CHECKING",
+        "if TYPE_CHECKING:",
+        "    from eagle3.decoding import stats",
+        "else:",
+        "    from eagle3.decoding import kv",
+    ]
+    stage.write_text(stage.read_text() + "\n" + "\n".join(typed) + "\n")
+    after = dvc_yaml.code_deps(STAGE_BY_NAME["vocab-map"], tmp_path)
+    assert "eagle3/decoding/kv.py" in after and "eagle3/decoding/stats.py" not in after
+
+
 def test_a_backend_role_brings_its_modules_and_no_others():
     """patch-check calls only the patch_check role: the backends' patch-check modules are its
-    deps, their extraction, online and evaluation modules are not."""
+    deps, their extraction, online and evaluation modules are not (nor what the roles'
+    Protocols name for type checkers only)."""
     deps = closure("stages.patch_check")
-    assert {"eagle3/verifier/patch_check.py", "eagle3/sglang/patch_check.py"} <= deps
+    assert {"eagle3/target/patch_check.py", "eagle3/sglang/patch_check.py"} <= deps
     assert not deps & {"eagle3/sglang/online.py", "eagle3/sglang/evaluate.py", "eagle3/decoding/hf_eval.py"}
+    assert not deps & {"eagle3/train/online.py", "eagle3/decoding/evaluate.py", "eagle3/decoding/prompts.py"}
     assert {"eagle3/sglang/online.py", "eagle3/train/online.py"} <= closure("stages.train")
 
 

@@ -23,10 +23,10 @@ from eagle3.drafter.dflash_cost import dflash_params, dflash_training_memory
 from eagle3.drafter.dflash_export import check_drafter_kind, drafter_kind, export_dflash, load_dflash
 from eagle3.drafter.export import export_drafter
 from eagle3.sweep.plan import plan, read_target_config
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import resolve_target
 from eagle3.train.data import Batch
 from eagle3.train.dflash import BlockModel, batch_anchors, block_mask, position_weights, sample_anchors
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import resolve_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KIMI = Path(__file__).parent / "fixtures" / "kimi-k2.5"

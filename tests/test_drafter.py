@@ -296,6 +296,7 @@ def test_intermediate_size_sets_the_mlp_width_and_is_exported(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["intermediate_size"] == 80
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", [dict(mode="chain", k=4), dict(mode="tree", k=3, topk=2, tree_budget=6)])
 def test_eagle31_drafter_runs_in_the_unchanged_engine(setting):
     """The engine only calls forward / logits / project, so a 3.1 drafter decodes losslessly as is."""

@@ -31,6 +31,7 @@ def cache_dir(tmp_path, monkeypatch):
     cpu_decision.cache_clear()
 
 
+@pytest.mark.slow
 def test_each_job_is_timed_on_its_parts_and_decided_by_the_rule():
     for job in JOBS:
         work = Work.of(job, TINY, DraftShape(k=2, topk=4, tree_budget=6))
@@ -62,6 +63,7 @@ MID = Shape(
 )
 
 
+@pytest.mark.slow
 def test_the_ratio_is_measured_in_cpu_time_so_load_does_not_decide_it():
     """Wall time under a busy loop on every core stretches unevenly; the CPU time a job needs does
     not. The prefill decision, measured quiet and then with every core busy, is the same."""

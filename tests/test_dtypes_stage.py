@@ -25,6 +25,8 @@ from eagle3.dtypes.probes import DraftShape, Work
 from eagle3.dtypes.resolved import pinned, record
 from eagle3.train.prepare import dtype_shapes
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
     "target": {"dtype": "float32"},

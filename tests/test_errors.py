@@ -114,6 +114,7 @@ def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[s
     return subprocess.run([sys.executable, *args], cwd=cwd, env=environ, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_stage_process_with_a_bad_param_prints_one_line(tmp_path):
     params = {"eval": {"categories": ["math", "poetry"]}, "tracking": {"enabled": False}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

@@ -52,7 +52,7 @@ def test_chat_is_each_conversation_at_its_first_turn_then_its_second():
 def test_a_second_turn_is_rendered_after_the_target_answer_to_the_first(count_tokens):
     from transformers import AutoTokenizer
 
-    from eagle3.verifier.load import resolve_target
+    from eagle3.target.load import resolve_target
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_target("smollm2-135m-instruct"))
     prompts = chat_prompts(1, ["math"])
@@ -83,6 +83,7 @@ def test_code_and_math_come_from_their_packages_first_problems_first():
         math_prompts(2000)
 
 
+@pytest.mark.slow
 def test_long_contexts_are_held_out_and_2k_to_4k_tokens(count_tokens):
     data = DataParams()
     prompts = long_prompts(2, data, count_tokens)

@@ -13,11 +13,11 @@ import shutil
 import socket
 from pathlib import Path
 
+import fault_harness as faults
 import pytest
 import torch
 import yaml
 from background import project_env, run_detached
-from fault_harness import faults
 from project_copy import DVC, GIT_DVC_INIT, copy_code
 from tiny_drafters import tiny_drafter_config
 
@@ -25,7 +25,7 @@ from eagle3.core.stage_commit import AREA, journal_path
 from eagle3.drafter import Eagle3Drafter, export_drafter
 
 # the session's tiny project may be built in this module's setup (tests/test_faults.py says why)
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
 WRITTEN = ("artifacts", "metrics", "plots")
 # Fault injection at a point, not a time: a SIGKILL of the vocab-map stage (only: DVC loads this

@@ -1,5 +1,5 @@
-"""The quick subset of the fault harness (bench/faults.py; the full one kills every stage at 10
-seeded points and runs the repo's corruption, queue and bad-input tests): one SIGKILL of
+"""The quick subset of the fault harness (tests/fault_harness.py; the full one kills every stage
+at 10 seeded points and runs the repo's corruption, queue and bad-input tests): one SIGKILL of
 extraction and its resume (run as `dvc repro` runs it, and as a `dvc exp run` on real DVC), an
 unreachable and a locked MLflow store, and a disk that fills."""
 
@@ -12,15 +12,16 @@ import signal
 import time
 from pathlib import Path
 
+import fault_harness as faults
 import pytest
 from background import project_env, run_detached, session_members, start_detached
-from fault_harness import copy_project, faults
+from fault_harness import copy_project
 from project_copy import DVC, GIT_DVC_INIT, copy_code
 
 # Past the suite's 15-minute default: the session's tiny project (patch-check, extract, vocab-map;
 # conftest.py's faults_stages) may be built in the first test's setup; that test took 630 s (380 s
 # setup) on a 2-core machine under other load, 1.4x from the default.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHAREGPT_SAMPLE
+from conftest import SHAREGPT_SAMPLE, made_up_fingerprint
 from test_train import tiny_inputs, tiny_params
 
 from eagle3.core.params import ParamsError, parse_params
@@ -32,8 +32,8 @@ from eagle3.data.store import (
     Sample,
     write_shard,
 )
+from eagle3.target.patch_check import fingerprint
 from eagle3.train.loop import train_drafter
-from eagle3.verifier.patch_check import fingerprint
 
 H = 64
 AUX = [1, 14, 26]
@@ -188,6 +188,7 @@ def test_online_with_an_fp8_store_is_refused_naming_both_keys():
     assert parse_params({"extract": {"store_dtype": FP8}}).extract.store_dtype == FP8
 
 
+@pytest.mark.slow
 def test_training_runs_on_an_fp8_store(tmp_path):
     """The loop reads the fp8 store as bf16 (dequantized) and learns as on the bf16 store."""
     inputs = tiny_inputs(tmp_path / "bf16")
@@ -279,5 +280,5 @@ def test_damaged_fp8_shard_is_refused_by_name(extracted, tmp_path, damage):
 
 
 def test_config_hash_tells_the_store_dtypes_apart():
-    fp = {"target_sha256": "t"}
+    fp = made_up_fingerprint()
     assert config_hash(real_params("bfloat16"), fp) != config_hash(real_params(FP8), fp)

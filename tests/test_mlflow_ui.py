@@ -18,6 +18,8 @@ from background import end_processes, project_env, run_detached, session_members
 from eagle3.core.params import load_params
 from eagle3.core.tracking import pipeline_run
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RUNS = {"sweep-4096": (4096, 0.21, 10.5), "sweep-32768": (32768, 0.27, 9.75)}

@@ -14,17 +14,18 @@ import threading
 import time
 from pathlib import Path
 
+import fault_harness as faults
 import pytest
 import torch
 import yaml
-from fault_harness import copy_project, faults
+from fault_harness import copy_project
 
 from eagle3.core.params import Params, TargetParams, load_params
 from eagle3.data.extract import capture_rows, select_conversations, token_batches
 from eagle3.data.store import FeatureStore, Sample
+from eagle3.target.load import has_chat_template, load_target
+from eagle3.target.render import Rendered
 from eagle3.train.online import disagreement, hf_features, prefetched
-from eagle3.verifier.load import has_chat_template, load_target
-from eagle3.verifier.render import Rendered
 
 DRAFTER = "artifacts/train/drafter"
 CHECKPOINTS = "artifacts/train/checkpoints"
@@ -80,6 +81,7 @@ def test_prefetch_raises_at_the_failing_item_and_closing_stops_the_thread():
 # --- features are a function of the sample ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_samples_features_do_not_depend_on_the_samples_beside_it(dtype):
     """Real SmolLM2: each sample alone, with others of its forward width (31, 17 and 9 tokens are
@@ -169,7 +171,8 @@ def test_online_forwards_run_at_the_stores_threads_on_the_prefetch_thread(
     caller keeps its 1, and the features are the store's bytes."""
     monkeypatch.chdir(online)  # where the train stage runs: its params and recorded dtypes
     store = FeatureStore("artifacts/extract")
-    compute, recheck, _ = hf_features(load_params(), store)
+    feed = hf_features(load_params(), store)
+    assert feed.target_topk is None  # the in-process target's store holds final-norm states
     assert torch.get_num_threads() == 1  # loading the target left the caller's count alone
     seen: list[int] = []
     counting = torch.nn.modules.module.register_module_forward_pre_hook(
@@ -179,8 +182,8 @@ def test_online_forwards_run_at_the_stores_threads_on_the_prefetch_thread(
     try:
         tokens = [[store.sample(i) for i in batch] for batch in samples]
         rendered = [[Rendered(t["input_ids"].numpy(), t["loss_mask"].numpy()) for t in b] for b in tokens]
-        computed = list(prefetched(compute, rendered, depth=1))
-        again = recheck.again(rendered[0][0])
+        computed = list(prefetched(feed.compute, rendered, depth=1))
+        again = feed.recheck.again(rendered[0][0])
     finally:
         counting.remove()
     assert seen and set(seen) == {CAPTURE_THREADS}

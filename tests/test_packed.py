@@ -43,6 +43,7 @@ def test_pack_linears_swaps_float32_layers_only():
     assert pack_linears(tiny_target(torch.float64)) == 0  # float64 keeps nn.Linear (exact tests)
 
 
+@pytest.mark.slow
 def test_packed_target_and_drafter_decode_like_plain_greedy():
     target64, drafter64 = fitted_pair()
     # copies: the fitted pair is cached and shared with the float64 tests

@@ -94,6 +94,7 @@ def test_threads_up_to_the_cores_and_every_mlflow_scheme_pass():
         assert parse_params({"tracking": {"uri": uri}}).tracking.uri == uri
 
 
+@pytest.mark.slow
 def test_tracking_schemes_are_the_installed_mlflows():
     """The schemes params accept are those MLflow's tracking-store registry holds (less Unity
     Catalog's, registered only to refuse tracking), so an MLflow upgrade cannot silently differ."""

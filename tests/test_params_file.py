@@ -62,6 +62,7 @@ def test_one_override_changes_one_line(tmp_path, key):
     assert yaml.safe_load(after) is not None  # still YAML
 
 
+@pytest.mark.slow
 def test_dvc_exp_run_set_param_leaves_a_one_line_diff(tmp_path):
     """The real command, in a git + DVC repo of this params.yaml and one stage reading `vocab`."""
     repo = tmp_path / "repo"

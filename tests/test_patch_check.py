@@ -5,9 +5,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import pytest
+from conftest import made_up_fingerprint
 
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.patch_check import PatchCheckError, run_patch_check
+from eagle3.core.inputs import InputError
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.fingerprint import Fingerprint
+from eagle3.target.patch_check import PatchCheckError, run_patch_check
 
 AUX = [1, 14, 26]
 
@@ -19,6 +22,24 @@ def test_patch_check_passes_and_fingerprints(smollm2):
     assert (fp["num_layers"], fp["hidden_size"], fp["vocab_size"]) == (30, 576, 49152)
     assert len(fp["target_sha256"]) == 64 and len(fp["tokenizer_sha256"]) == 64
     assert run_patch_check(smollm2, AUX) == report  # deterministic
+    # the report's object is the type's, key for key: an SGLang engine's keys absent, torch's there
+    assert set(fp) == {
+        "engine", "engine_version", "torch_version", "target_source", "target_sha256",
+        "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size", "aux_layers", "dtype",
+    }  # fmt: skip
+    typed = Fingerprint.from_json(fp, "report.json")
+    assert typed.to_json() == fp and typed.aux_layers == tuple(AUX) and typed.servers is None
+
+
+def test_a_fingerprint_without_a_key_is_refused_by_name():
+    fp = made_up_fingerprint().to_json()
+    assert Fingerprint.from_json(fp, "report.json") == made_up_fingerprint()
+    del fp["tokenizer_sha256"]
+    refused = r"^report.json: the fingerprint has no tokenizer_sha256; run patch-check again$"
+    with pytest.raises(InputError, match=refused):
+        Fingerprint.from_json(fp, "report.json")
+    with pytest.raises(InputError, match="report.json: the fingerprint is not a JSON object"):
+        Fingerprint.from_json(None, "report.json")
 
 
 def test_invasive_capture_is_caught(smollm2):

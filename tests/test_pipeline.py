@@ -18,6 +18,8 @@ from test_compare import render
 
 from eagle3.sweep.experiments import dvc_experiments
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
     "target": {"dtype": "float32"},

@@ -169,6 +169,7 @@ def test_plan_command_json_text_and_bad_input(capsys, tmp_path):
     assert "expected section.key=value" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_vocab_report_shows_the_planned_cost_beside_each_size(tmp_path):
     from eagle3.sweep.experiments import Experiment
     from eagle3.sweep.render import write_report

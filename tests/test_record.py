@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from background import project_env
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = "artifacts/"  # every stage's outs (git-ignored): a clone has none of them

@@ -80,6 +80,7 @@ def kimi_plan(size: int) -> dict:
     return plan(parse_params({"vocab": {"size": size}}), read_target_config(str(KIMI)))
 
 
+@pytest.mark.slow
 def test_plan_target_prices_each_size_on_kimi_against_the_32k_row(tmp_path):
     rows = gemma_rows(tmp_path)
     target = PlanTarget.read(str(KIMI))

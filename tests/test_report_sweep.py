@@ -19,6 +19,8 @@ from test_pipeline import TINY, dvc, run, write_params
 
 from eagle3.cli.command import main
 
+pytestmark = pytest.mark.slow
+
 # the smallest run of every stage: 1 epoch over 6 samples, 1 prompt x 8 new tokens
 SWEEP = TINY | {
     "extract": TINY["extract"] | {"pack_weights": False},

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from eagle3.core.layer_ids import layer_id_rule
 from eagle3.core.params import ParamsError, parse_params
-from eagle3.data.extract import Backend, extract_features, run_extraction
+from eagle3.data.extract import ExtractionPlan, extract_features, run_extraction
 from eagle3.data.store import FEATURE_KEYS, MANIFEST, TOPK_KEYS, FeatureStore
 from eagle3.sglang.check import (
     CHECK_CONVERSATIONS,
@@ -45,8 +45,9 @@ from eagle3.sglang.patch_check import check_inputs
 from eagle3.sglang.rows import FLUSH_WAITS_S, PartialPrefillError, parse_rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args
 from eagle3.sglang.servers import ExtractionServers, TopLogprobs
-from eagle3.verifier.load import eos_token_ids_of_folder, resolve_target
-from eagle3.verifier.patch_check import PatchCheckError, fingerprint
+from eagle3.target.fingerprint import Fingerprint
+from eagle3.target.load import eos_token_ids_of_folder, resolve_target
+from eagle3.target.patch_check import PatchCheckError, fingerprint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 REPO = Path(__file__).resolve().parents[1]
@@ -218,6 +219,7 @@ def test_cache_hit_is_flushed_and_re_requested(servers):
     assert rows.prefill.shape == (61, 3 * H) and aux.flushes == 1
 
 
+@pytest.mark.slow
 def test_a_flush_refused_a_moment_after_the_reply_is_tried_again(servers):
     """SGLang 0.5.23 may refuse a flush right after its reply, its scheduler not yet idle: a few
     refusals are waited out (rows.FLUSH_WAITS_S); one that lasts names --disable-radix-cache."""
@@ -330,6 +332,7 @@ def test_deepseek_and_kimi_refuse_two_batch_overlap():
         layer_id_rule("MysteryForCausalLM")
 
 
+@pytest.mark.slow
 def test_pools_must_agree(servers):
     aux, final = servers
     aux_args, final_args = check_pools(ServerPool([aux.url]), ServerPool([final.url]), AUX, LLAMA)
@@ -455,8 +458,8 @@ def run_sglang(params, smollm2, out: Path) -> dict:
     servers = ExtractionServers.from_params(params.extract)  # the servers `tiny` names
     stop = eos_token_ids_of_folder(path, smollm2.tokenizer)
     compute = sglang_group_fn(servers, H, params, smollm2.tokenizer, True, stop)
-    backend = Backend(smollm2.tokenizer, True, H, compute, servers.top_logprobs)
-    return run_extraction(backend, params, AUX, fingerprint(smollm2, AUX), out)
+    plan = ExtractionPlan(smollm2.tokenizer, True, H, compute, servers.top_logprobs)
+    return run_extraction(plan, params, AUX, fingerprint(smollm2, AUX), out)
 
 
 def test_sglang_shards_match_the_hf_backend_format(servers, smollm2, tmp_path):
@@ -659,6 +662,7 @@ def test_the_pipeline_trains_on_top_logprobs_from_replay_servers(servers, sglang
     assert done.returncode == 1 and "patch-check checked top 20 logprobs" in done.stderr
 
 
+@pytest.mark.slow
 def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path):
     """The real stages as DVC runs them (python -m stages.<name>), pointed at the replay servers."""
     aux, final = servers
@@ -684,7 +688,7 @@ def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path
     assert done.returncode == 0, done.stderr
     store = FeatureStore(project / "artifacts/extract")
     store.verify()
-    assert len(store) == 3 and store.fingerprint == fp
+    assert len(store) == 3 and store.fingerprint.to_json() == fp
     assert json.loads((project / "artifacts/extract" / MANIFEST).read_text())["num_tokens"] == 183
     # a relaunched server with other args is refused before any request
     aux.info["tp_size"] = 2
@@ -694,6 +698,7 @@ def test_patch_check_and_extract_stages_against_replay_servers(servers, tmp_path
     )
 
 
+@pytest.mark.slow
 def test_serve_command_matches_the_eval_params(tmp_path):
     drafter = tmp_path / "drafter"
     drafter.mkdir()
@@ -761,7 +766,7 @@ def test_serve_command_matches_the_eval_params(tmp_path):
 
 
 def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch(tmp_path):
-    from eagle3.cli.serve import serve_commands
+    from eagle3.cli.commands.serve import serve_commands
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()
@@ -787,9 +792,9 @@ def test_serve_reads_the_drafters_trained_ttt_length_and_notes_the_lookup_branch
 def test_sglang_fingerprint_replaces_the_engine(smollm2):
     base = fingerprint(smollm2, AUX)
     fp = sglang_fingerprint(base, server_info("aux") | {"version": "0.5.23"}, server_info("final"), LLAMA)
-    assert fp["engine"] == "sglang" and "torch_version" not in fp
-    assert {
-        k: fp[k] for k in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size")
-    } == {
-        k: base[k] for k in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size")
-    }
+    on_disk = fp.to_json()
+    assert on_disk["engine"] == "sglang" and "torch_version" not in on_disk
+    assert on_disk["layer_id_family"] == "llama-like" and on_disk["final_server_args"] == server_info("final")
+    assert Fingerprint.from_json(on_disk, "report.json") == fp  # the file reads back as written
+    kept = ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size", "aux_layers")
+    assert {k: on_disk[k] for k in kept} == {k: base.to_json()[k] for k in kept}

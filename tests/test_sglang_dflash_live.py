@@ -28,7 +28,7 @@ import pytest
 from test_sglang_live import SGLANG_PYTHON, STAND_IN, STARTUP_TIMEOUT_S, WHY_SKIPPED
 
 from eagle3.sglang.launch import Launch, start_servers, stop_servers
-from eagle3.verifier.load import resolve_target
+from eagle3.target.load import resolve_target
 
 pytestmark = [
     pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED),

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from project_copy import copy_code
 
-from eagle3.cli.serve import serve_commands
+from eagle3.cli.commands.serve import serve_commands
 from eagle3.core.params import ParamsError, parse_params
 from eagle3.decoding.prompts import load_prompts, mtbench_path
 from eagle3.sglang.client import SGLangError
@@ -202,6 +202,7 @@ def test_a_histogram_that_does_not_add_up_is_refused():
 # --- metrics -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["tree", "chain"])
 def test_metrics_in_the_hf_schema_from_recorded_responses(replays, spec):
     extra = {} if spec == "tree" else {"mode": "chain"}
@@ -247,6 +248,7 @@ def test_metrics_in_the_hf_schema_from_recorded_responses(replays, spec):
     assert result.tags["eval.backend"] == "sglang"
 
 
+@pytest.mark.slow
 def test_a_divergence_is_judged_as_the_hf_backend_judges_it(replays):
     """A plain server whose answer differs from the recorded EAGLE-3 one (one token swapped):
     the HF target finds a large logit gap there, so the run is not lossless."""
@@ -267,6 +269,7 @@ def test_a_divergence_is_judged_as_the_hf_backend_judges_it(replays):
 # --- refusals, before any decoding ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_given_servers_of_the_wrong_kind_version_or_shape_are_refused(replays):
     prompts = load_prompts(None, NUM)
     urls = urls_of(replays)
@@ -295,6 +298,7 @@ def test_given_servers_of_the_wrong_kind_version_or_shape_are_refused(replays):
         assert server.served == 0
 
 
+@pytest.mark.slow
 def test_a_server_gone_mid_run_fails_in_one_line(replays):
     gone = Replay("tree", answers=2)  # warm-up and the first prompt, then nothing
     try:
@@ -331,7 +335,7 @@ def shipped_copy(tmp_path: Path, **config) -> Path:
 def test_a_drafter_sglang_cannot_load_as_trained_is_refused(tmp_path, change, message):
     from transformers import AutoConfig
 
-    from eagle3.verifier.load import resolve_target
+    from eagle3.target.load import resolve_target
 
     folder = shipped_copy(tmp_path, **change)
     assert (
@@ -386,6 +390,7 @@ def fake_sglang_python(tmp_path: Path, version: str, log: Path | None) -> str:
     return str(script)
 
 
+@pytest.mark.slow
 def test_started_servers_refuse_an_unsupported_sglang_and_a_drafter_the_loader_rejects(tmp_path):
     prompts = load_prompts(None, NUM)
     old = fake_sglang_python(tmp_path, "0.5.20", None)
@@ -419,6 +424,7 @@ def run_stage(tmp_path: Path, raw: dict) -> tuple[Path, subprocess.CompletedProc
     return project, done
 
 
+@pytest.mark.slow
 def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_on_refusal(replays, tmp_path):
     raw = params_for(urls_of(replays)).model_dump()
     raw["tracking"] = {"enabled": False}
@@ -444,7 +450,7 @@ def test_the_stage_writes_the_hf_outputs_from_replay_servers_and_writes_nothing_
 
 
 def test_compare_and_report_show_the_eval_backend_per_row():
-    from eagle3.cli.compare import comparison
+    from eagle3.cli.commands.compare import comparison
     from eagle3.sweep.experiments import Experiment
     from eagle3.sweep.render import TABLE
 

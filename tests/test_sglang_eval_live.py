@@ -16,7 +16,7 @@ import pytest
 from test_sglang_eval import DRAFTER, HF_KEYS, params_for, run_stage
 from test_sglang_live import SGLANG_PYTHON, WHY_SKIPPED
 
-pytestmark = pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED)
+pytestmark = [pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED), pytest.mark.slow]
 
 
 def test_the_stage_starts_sglang_servers_and_measures_the_drafter(tmp_path):

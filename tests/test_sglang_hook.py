@@ -27,7 +27,7 @@ from eagle3.sglang.features import text_sample
 from eagle3.sglang.handover import STALE_S, HandoverError, HookTransport, remove_stale
 from eagle3.sglang.rows import PartialPrefillError, prefill_body, request_rows
 from eagle3.sglang.servers import ExtractionServers, TopLogprobs
-from eagle3.verifier.render import Rendered
+from eagle3.target.render import Rendered
 
 WIDTH = 3 * H
 
@@ -83,6 +83,7 @@ def recorded(n: int, top: bool = True) -> dict:
     return prefill_body(req["input_ids"], req.get("top_logprobs_num"))
 
 
+@pytest.mark.slow
 def test_hook_rows_equal_the_json_rows_bit_for_bit_with_requests_in_flight(hook):
     pool, transport = ServerPool([hook.url]), HookTransport(hook.folder)
     bodies = [recorded(n, top) for n in range(1, 4) for top in (True, False)] * 2  # 12 in flight
@@ -188,6 +189,7 @@ def test_an_fp8_piece_holds_the_stores_quantization_of_the_rows_then_their_scale
     assert len(piece.read_bytes()) == len(rows) * (WIDTH + 4)  # about half of bf16's 2 * WIDTH
 
 
+@pytest.mark.slow
 def test_fp8_rows_read_back_as_the_store_reads_its_fp8_rows_within_the_fp8_bound(tmp_path):
     hook = HookReplay(tmp_path, dtype="float8_e4m3fn")
     try:
@@ -312,6 +314,7 @@ def test_a_request_given_up_on_after_its_last_piece_leaves_no_marker(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_hook_imports_only_torch_the_standard_library_and_the_wire_module():
     """SGLang imports the factory by its dotted name in each scheduler process (importlib, from
     --forward-hooks), where the project's other dependencies may be missing."""

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from test_sglang_live import SGLANG_PYTHON, STAND_IN, WHY_SKIPPED
 
-pytestmark = pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED)
+pytestmark = [pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED), pytest.mark.slow]
 
 
 def test_kernels_match_sglang_triton_kernels():

@@ -40,9 +40,9 @@ from eagle3.sglang.client import ServerPool
 from eagle3.sglang.launch import stop_group
 from eagle3.sglang.rows import prefill_body, request_rows
 from eagle3.sglang.server_args import check_server_args
-from eagle3.verifier.load import load_target, resolve_target
-from eagle3.verifier.patch_check import fingerprint
-from eagle3.verifier.render import render_prompt
+from eagle3.target.load import load_target, resolve_target
+from eagle3.target.patch_check import fingerprint
+from eagle3.target.render import render_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "tools" / "sglang_cpu"  # holds the sgl_kernel stand-in
@@ -85,6 +85,7 @@ SGLANG_PYTHON, WHY_SKIPPED = _sglang_python()
 pytestmark = [
     pytest.mark.skipif(SGLANG_PYTHON is None, reason=WHY_SKIPPED),
     pytest.mark.timeout(STARTUP_TIMEOUT_S + 2 * STAGE_TIMEOUT_S),
+    pytest.mark.slow,
 ]
 
 # The launch that works on a CPU (tools/sglang_cpu/README.md), plus --sleep-on-idle: without it
@@ -241,7 +242,7 @@ def report_of(project: Path) -> dict:
 def store_of(project: Path) -> FeatureStore:
     store = FeatureStore(project / "artifacts/extract")
     store.verify()
-    assert store.fingerprint == report_of(project)["fingerprint"]
+    assert store.fingerprint.to_json() == report_of(project)["fingerprint"]
     metrics = json.loads((project / "metrics/extract.json").read_text())
     print(f"extract metrics: {metrics}")
     return store

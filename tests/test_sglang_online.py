@@ -19,6 +19,8 @@ from test_sglang import Replay, ReplayHandler, copy_top_logprobs_project, server
 
 from eagle3.data.store import FeatureStore
 
+pytestmark = pytest.mark.slow
+
 
 def set_params(project: Path, raw: dict, recheck_every: int | None = None, **extract) -> None:
     raw["extract"] |= extract

@@ -15,7 +15,9 @@ from eagle3.train.data import Batch
 from eagle3.train.loop import train_drafter
 from eagle3.train.report import stage_metrics
 from eagle3.train.simulate import SHAPES, DraftShape, accepted_lengths
-from eagle3.train.ttt import TTTModel, shift_left
+from eagle3.train.ttt import LossConfig, TTTModel, shift_left
+
+pytestmark = pytest.mark.slow
 
 T = 24
 
@@ -42,7 +44,7 @@ def setup(seed: int) -> tuple[TTTModel, Batch]:
         aux_hidden=torch.randn(1, T, 3 * H, generator=g).double(),
         last_hidden=torch.randn(1, T, H, generator=g).double(),
     )
-    return TTTModel(drafter, head[ids].double(), ttt_length=2, decay=0.8), batch
+    return TTTModel(drafter, head[ids].double(), LossConfig(ttt_length=2, decay=0.8)), batch
 
 
 def reference(model: TTTModel, batch: Batch, shape: DraftShape) -> list[int]:

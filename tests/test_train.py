@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import made_up_fingerprint
 from tiny_drafters import tiny_drafter_config
 
 import eagle3.train.argmax as argmax_module
@@ -27,8 +28,9 @@ from eagle3.core.params import ParamsError, TrainParams, parse_params
 from eagle3.core.stageio import write_json
 from eagle3.data.store import MANIFEST, SCHEMA_VERSION, FeatureStore, Sample, write_shard
 from eagle3.drafter import DrafterConfig, TTTCache, export_drafter, load_drafter
-from eagle3.drafter.cost import precision_of
 from eagle3.drafter.ttt_attention import ttt_attention, ttt_attention_reference
+from eagle3.dtypes.precision import precision_of
+from eagle3.target.fingerprint import Fingerprint
 from eagle3.train.argmax import cache_file, target_argmax
 from eagle3.train.checkpoint import trainable_state
 from eagle3.train.checks import check_inputs
@@ -65,17 +67,14 @@ def tiny_store(folder: Path, n: int = 24, seed: int = 0) -> FeatureStore:
         )
     folder.mkdir(parents=True, exist_ok=True)
     shards = [write_shard(folder, j, samples[j * 8 : (j + 1) * 8]) for j in range((n + 7) // 8)]
-    fp = {
-        "vocab_size": V,
-        "hidden_size": H,
-        "target_sha256": "t",
-        "tokenizer_sha256": "tok",
-        "num_layers": 8,
-        "aux_layers": [1, 2, 3],
-    }
     write_json(
         folder / MANIFEST,
-        {"schema_version": SCHEMA_VERSION, "fingerprint": fp, "aux_layers": [1, 2, 3], "shards": shards},
+        {
+            "schema_version": SCHEMA_VERSION,
+            "fingerprint": _fp().to_json(),
+            "aux_layers": [1, 2, 3],
+            "shards": shards,
+        },
     )
     return FeatureStore(folder)
 
@@ -251,6 +250,7 @@ def test_topk_target_keeps_the_targets_top_n_inside_the_draft_vocab():
             assert torch.isclose(top2[b, t].sum(), torch.tensor(1.0))
 
 
+@pytest.mark.slow
 def test_training_on_the_targets_top_n_learns_and_differs_from_the_full_distribution(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     top1 = train_drafter(tiny_params(epochs=3, target_topk=1), inputs)
@@ -279,6 +279,7 @@ def top_n_store(source: FeatureStore, head: torch.Tensor, n: int, folder: Path) 
     return FeatureStore(folder)
 
 
+@pytest.mark.slow
 def test_a_top_n_store_trains_like_the_top_n_taken_from_last_hidden(tmp_path):
     """What SGLang's top logprobs give is what train.target_topk simulates from last_hidden."""
     inputs = tiny_inputs(tmp_path / "f")
@@ -322,6 +323,7 @@ def test_split_and_batches_are_deterministic(tmp_path):
 # --- training loop ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_training_learns_and_reports(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     out = train_drafter(tiny_params(epochs=6), inputs)
@@ -349,6 +351,7 @@ def test_a_gpu_trains_the_cpu_drafter(tmp_path, monkeypatch):
     torch.testing.assert_close(gpu.drafter.state_dict(), cpu.drafter.state_dict(), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_eagle31_trains_exports_and_reloads(tmp_path):
     p = tiny_params(epochs=2, fc_norm=True, norm_output=True)
     inputs = tiny_inputs(tmp_path / "f", p)
@@ -372,6 +375,7 @@ def test_eagle31_trains_exports_and_reloads(tmp_path):
     assert torch.equal(first, again)
 
 
+@pytest.mark.slow
 def test_intermediate_size_param_sets_the_drafter_mlp(tmp_path):
     p = tiny_params(epochs=1, intermediate_size=24)
     out = train_drafter(p, tiny_inputs(tmp_path / "f", p))
@@ -379,6 +383,7 @@ def test_intermediate_size_param_sets_the_drafter_mlp(tmp_path):
     assert out.drafter.midlayer.mlp.down_proj.weight.shape == (H, 24)
 
 
+@pytest.mark.slow
 def test_frozen_head_stays_the_target_head_and_is_not_optimised(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     out = train_drafter(tiny_params(epochs=2, head_trainable=False), inputs, tmp_path / "ck")
@@ -429,6 +434,7 @@ def test_frozen_head_needs_target_init():
         parse_params({"train": {"head_trainable": False, "head_init": "random"}})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head_init", ["target", "random"])
 def test_head_init_starts_from_the_target_head_and_norm(tmp_path, head_init):
     inputs = tiny_inputs(tmp_path / "f")
@@ -441,6 +447,7 @@ def test_head_init_starts_from_the_target_head_and_norm(tmp_path, head_init):
     assert from_target == (head_init == "target")
 
 
+@pytest.mark.slow
 def test_resume_gives_bitwise_identical_weights(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     p = tiny_params()
@@ -468,6 +475,7 @@ def _ddp_worker(out: Path, folder: Path) -> None:
         torch.save({"curve": result.curve, "state": trainable_state(result.drafter)}, out)
 
 
+@pytest.mark.slow
 def test_two_process_gloo_matches_one_process(tmp_path):
     one = tmp_path / "one.pt"
     two = tmp_path / "two.pt"
@@ -510,15 +518,10 @@ def test_two_process_gloo_matches_one_process(tmp_path):
 # --- input checks -----------------------------------------------------------------------------------
 
 
-def _fp() -> dict:
-    return {
-        "target_sha256": "t",
-        "tokenizer_sha256": "tok",
-        "num_layers": 8,
-        "hidden_size": H,
-        "vocab_size": V,
-        "aux_layers": [1, 2, 3],
-    }
+def _fp(**fields: object) -> Fingerprint:
+    """The tiny target's fingerprint (its sizes; made-up hashes), `fields` replaced."""
+    tiny = {"num_layers": 8, "hidden_size": H, "vocab_size": V, "aux_layers": (1, 2, 3)}
+    return made_up_fingerprint(**(tiny | fields))
 
 
 def test_too_large_vocab_is_refused_before_training():
@@ -532,7 +535,7 @@ def test_too_large_vocab_is_refused_before_training():
 
 def test_features_from_another_target_are_refused(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
-    features = _fp() | {"target_sha256": "another"}
+    features = _fp(target_sha256="another")
     with pytest.raises(ValueError, match="features .* another target: target_sha256"):
         check_inputs(
             _fp(),
@@ -593,6 +596,7 @@ if __name__ == "__main__":  # DDP worker for test_two_process_gloo_matches_one_p
     _ddp_worker(Path(sys.argv[1]), Path(sys.argv[2]))
 
 
+@pytest.mark.slow
 def test_max_samples_trains_on_fewer_samples_against_the_same_heldout_set(tmp_path):
     inputs = tiny_inputs(tmp_path / "f")
     full = train_drafter(tiny_params(epochs=1), inputs).metrics
@@ -605,6 +609,7 @@ def test_max_samples_trains_on_fewer_samples_against_the_same_heldout_set(tmp_pa
 # --- the target's argmax, kept per feature store ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_target_argmax_is_kept_per_feature_store_and_trains_the_same_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
     inputs = tiny_inputs(tmp_path / "f")
@@ -664,6 +669,7 @@ def test_a_killed_argmax_pass_keeps_what_it_wrote_and_the_next_computes_the_rest
     assert all(torch.equal(resumed[s], direct[s]) for s in samples)
 
 
+@pytest.mark.slow
 def test_a_run_sees_few_matmul_shapes_and_the_same_loss(tmp_path, monkeypatch):
     """Batch widths and the head's row counts are padded to fixed multiples (each new shape made
     oneDNN build and cache kernels, and peak RSS grew with the steps); the padding changes no loss."""
@@ -715,7 +721,7 @@ def test_a_checkpoint_of_other_training_code_is_not_resumed(tmp_path, monkeypatc
 
     before = code_key()
     assert before == training_code_sha256()  # the copy digests as the package itself does
-    with open(tmp_path / "eagle3/cli/compare.py", "a") as f:
+    with open(tmp_path / "eagle3/cli/commands/compare.py", "a") as f:
         f.write("# not training code\n")
     assert code_key() == before
     with open(tmp_path / "eagle3/train/ttt.py", "a") as f:

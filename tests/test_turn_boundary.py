@@ -12,7 +12,7 @@ from eagle3.core.params import ParamsError, parse_params
 from eagle3.drafter import Eagle3Drafter
 from eagle3.train.data import Batch
 from eagle3.train.loop import train_drafter
-from eagle3.train.ttt import TTTModel, loss_norm, shift_left, step_valid
+from eagle3.train.ttt import LossConfig, TTTModel, loss_norm, shift_left, step_valid
 
 # header, header, answer a0 a1 a2, end of turn, header of the next turn, its answer b0 b1, end
 MASK = [0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1]
@@ -77,6 +77,13 @@ def test_an_unknown_convention_is_refused():
         loss_norm(batch, torch.ones(1), "sample")
     with pytest.raises(ParamsError, match="loss_average"):
         parse_params({"train": {"loss_average": "sample"}})
+    # the TTT model's loss config refuses them too, before any batch
+    with pytest.raises(
+        ValueError, match=r"^loss positions 'header': use one of after_assistant, assistant, drafted$"
+    ):
+        LossConfig(2, 0.8, positions="header")
+    with pytest.raises(ValueError, match=r"^loss average 'sample': use one of token, row$"):
+        LossConfig(2, 0.8, average="sample")
 
 
 def tiny_model(**kw) -> TTTModel:
@@ -88,7 +95,7 @@ def tiny_model(**kw) -> TTTModel:
     torch.manual_seed(3)
     drafter = Eagle3Drafter(tiny_cfg(), embed_weight=embed).double()
     drafter.set_vocab_mapping(ids - torch.arange(K), t2d)
-    return TTTModel(drafter, head[ids].double(), ttt_length=2, decay=0.8, **kw)
+    return TTTModel(drafter, head[ids].double(), LossConfig(ttt_length=2, decay=0.8, **kw))
 
 
 def test_row_average_divides_every_step_by_the_padded_batch():
@@ -97,7 +104,7 @@ def test_row_average_divides_every_step_by_the_padded_batch():
     batch, width = batch_of([MASK, MASK[:7]], pad=5), len(MASK)  # padding past the longest: not counted
     with torch.no_grad():
         token_loss, stats = tiny_model()(batch)
-        row_loss, row_stats = tiny_model(loss_average="row")(batch)
+        row_loss, row_stats = tiny_model(average="row")(batch)
     assert torch.equal(stats.loss_sum, row_stats.loss_sum)
     expected = sum(0.8**k * stats.loss_sum[k] / (2 * width) for k in range(2))
     assert float(row_loss) == pytest.approx(float(expected), rel=1e-6)  # summed in float32
@@ -106,6 +113,7 @@ def test_row_average_divides_every_step_by_the_padded_batch():
     assert float(row_loss) < float(token_loss)  # fewer counted positions than B x T
 
 
+@pytest.mark.slow
 def test_the_official_conventions_train_differently(tmp_path):
     """Each param reaches the training steps; the defaults train what naming them trains."""
 

@@ -106,6 +106,7 @@ def test_not_a_drafter_is_refused(tmp_path):
         read_init_drafter(str(target))
 
 
+@pytest.mark.slow
 def test_vocab_size_that_differs_is_refused_with_both_numbers(trained):
     folder, _, inputs = trained
     counts = np.ones(V, dtype=np.int64)
@@ -158,6 +159,7 @@ def test_another_targets_shape_lists_every_mismatch(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_shape_params_that_differ_from_the_drafter_are_refused(trained):
     init = read_init_drafter(str(trained[0]))
     with pytest.raises(ParamsError, match=r"train.intermediate_size is 24 but the drafter has 64"):
@@ -168,6 +170,7 @@ def test_shape_params_that_differ_from_the_drafter_are_refused(trained):
     assert cfg.intermediate_size == 64 and drafter_config(cfg, tiny_params()) == cfg  # the drafter's shape
 
 
+@pytest.mark.slow
 def test_a_mapping_not_adopted_from_these_files_is_refused(trained):
     init = read_init_drafter(str(trained[0]))
     with pytest.raises(InputError, match=r"not adopted from the train.init drafter"):
@@ -181,6 +184,7 @@ def test_a_mapping_not_adopted_from_these_files_is_refused(trained):
 # --- the adopted vocabulary, the fit check, fine-tuning ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_adopted_mapping_and_its_coverage_on_this_runs_tokens(trained):
     init = read_init_drafter(str(trained[0]))
     counts = np.zeros(V, dtype=np.int64)
@@ -193,6 +197,7 @@ def test_adopted_mapping_and_its_coverage_on_this_runs_tokens(trained):
     assert build_vocab_map(counts, K).coverage() == pytest.approx(10 * K / total)  # counted here: 74%
 
 
+@pytest.mark.slow
 def test_warm_start_measures_the_drafter_first_then_fine_tunes_it(trained):
     folder, source, inputs = trained
     p = tiny_params(epochs=1, init_min_acc=0.0)
@@ -211,6 +216,7 @@ def test_warm_start_measures_the_drafter_first_then_fine_tunes_it(trained):
     assert "init_heldout_acc_0" not in stage_metrics(scratch)
 
 
+@pytest.mark.slow
 def test_a_drafter_that_does_not_fit_is_refused_before_training(trained, tmp_path):
     _, _, inputs = trained
     folder = export_random(tmp_path / "random")  # right shape, never trained on this target
@@ -221,6 +227,7 @@ def test_a_drafter_that_does_not_fit_is_refused_before_training(trained, tmp_pat
     assert not (tmp_path / "ck").exists()  # nothing trained, nothing written
 
 
+@pytest.mark.slow
 def test_vocab_map_stage_adopts_the_drafter_and_refuses_another_size(trained, tmp_path, monkeypatch, capsys):
     folder, _, _ = trained
     store = tiny_store(tmp_path / "artifacts" / "extract")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
-from eagle3.verifier.load import resolve_target
+from eagle3.target.load import resolve_target
 
 KIMI_VOCAB = 163840
 # Kimi-K2.5's RoPE (its text_config, as in tests/fixtures/kimi-k2.5/config.json): YaRN x64 over

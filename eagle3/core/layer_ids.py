@@ -1,6 +1,6 @@
 """How SGLang reads aux layer ids, per architecture: the rule every export, patch-check and
 server check of this project writes and reads ids by. It lives in core/ because the HF path
-(verifier/patch_check.py), the drafter's export (drafter/config.py) and the SGLang adapter (sglang/)
+(target/patch_check.py), the drafter's export (drafter/config.py) and the SGLang adapter (sglang/)
 all read it, and core/ is below all three.
 
 Layer ids mean the same everywhere in this project: id L = the output of decoder layer L

@@ -279,7 +279,7 @@ STAGES: tuple[Stage, ...] = (
         ),
         reads=(dtype_record("prefill"), dtype_record("train"), FEATURES, VOCAB_MAP, PATCH_REPORT),
         deps_above="an online store (extract.features: online) computes its features here, with extraction's "
-        "own code (eagle3/data, eagle3/verifier) or from SGLang servers",
+        "own code (eagle3/data, eagle3/target) or from SGLang servers",
     ),
     Stage(
         "speculative-eval",

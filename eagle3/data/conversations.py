@@ -16,7 +16,7 @@ from pathlib import Path
 
 from eagle3.core.inputs import InputError, jsonl_lines
 from eagle3.core.packages import package_dir
-from eagle3.verifier.render import Message
+from eagle3.target.render import Message
 
 ROLES = {
     "human": "user",

@@ -47,9 +47,10 @@ from eagle3.data.store import (
     write_tokens,
 )
 from eagle3.dtypes.resolved import pinned
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
-from eagle3.verifier.render import Message, Rendered, render_conversation, render_prompt
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.fingerprint import Fingerprint
+from eagle3.target.load import Target, eos_token_ids, has_chat_template, load_target
+from eagle3.target.render import Message, Rendered, render_conversation, render_prompt
 
 
 @dataclass
@@ -214,7 +215,7 @@ def capture_rows(
 
 # The code that computes a shard's bytes: shards written by other code are not resumed, or
 # `dvc repro` after a change to it keeps the old features (it did when forwards were first padded).
-EXTRACTION_CODE = ("data", "verifier", "sglang", "core/packed.py")
+EXTRACTION_CODE = ("data", "target", "sglang", "core/packed.py")
 
 
 @functools.cache
@@ -222,7 +223,7 @@ def extraction_code_sha256() -> str:
     return code_sha256(Path(__file__).resolve().parents[1], EXTRACTION_CODE)
 
 
-def config_hash(params: Params, fingerprint: dict, capture_threads: int | None = None) -> str:
+def config_hash(params: Params, fingerprint: Fingerprint, capture_threads: int | None = None) -> str:
     """What a shard's journal entry must match to be resumed: params, target, code and the torch
     threads the capture ran at (a forward's last bits may depend on them: one store, one count)."""
     # where the servers are and how many requests fly change no byte: a resumed run may use others
@@ -230,7 +231,7 @@ def config_hash(params: Params, fingerprint: dict, capture_threads: int | None =
     extract = params.extract.model_dump(exclude=transport)
     if params.extract.backend != "sglang":  # the SGLang keys do not touch an hf extraction
         extract = {k: v for k, v in extract.items() if not k.startswith("sglang_")}
-    material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint}
+    material = {"data": params.data.model_dump(), "extract": extract, "fp": fingerprint.to_json()}
     if capture_threads is not None:
         material["capture_threads"] = capture_threads
     return sha256_json(material | {"code": extraction_code_sha256()})
@@ -252,8 +253,8 @@ GroupFn = Callable[[list[Selected], Callable[[int, int], None]], list[Sample]]
 
 
 @dataclass(frozen=True)
-class Backend:
-    """What an extraction backend brings to the shared loop: the tokenizer and rendering that
+class ExtractionPlan:
+    """How one backend's extraction runs in the shared loop: the tokenizer and rendering that
     select the conversations, the target's hidden size, its shard computation, N when its
     samples hold the target's top-N predictions in place of last_hidden (SGLang top logprobs),
     and the torch threads its forwards run at when they run in this process (hf)."""
@@ -313,7 +314,7 @@ def extract_features(
     target: Target,
     params: Params,
     aux_layers: list[int],
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     out_dir: Path,
     **options: int | dict | None,
 ) -> dict:
@@ -324,19 +325,19 @@ def extract_features(
     # On some CPUs (an AMX Xeon) a forward's last bits depend on the thread count: the store records
     # it, and online training runs its forwards at it (eagle3/train/online.py)
     threads = torch.get_num_threads()
-    backend = Backend(target.tokenizer, chat, target.hidden_size, compute, capture_threads=threads)
-    return run_extraction(backend, params, aux_layers, fingerprint, out_dir, **options)
+    plan = ExtractionPlan(target.tokenizer, chat, target.hidden_size, compute, capture_threads=threads)
+    return run_extraction(plan, params, aux_layers, fingerprint, out_dir, **options)
 
 
 def extract_on_hf(
-    params: Params, fingerprint: dict, out_dir: Path, **options: int | dict | None
+    params: Params, fingerprint: Fingerprint, out_dir: Path, **options: int | dict | None
 ) -> tuple[dict, str]:
     """The hf backend's extraction: the target loaded as the dtypes stage recorded (weights packed
     where that pays), the store filled; returns the manifest and the dtype it computed in."""
     target = load_target(pinned(params, "prefill").target)
     if params.extract.pack_weights:
         pack_linears(target.model)  # a no-op outside float32 on CPU
-    manifest = extract_features(target, params, fingerprint["aux_layers"], fingerprint, out_dir, **options)
+    manifest = extract_features(target, params, list(fingerprint.aux_layers), fingerprint, out_dir, **options)
     return manifest, str(target.model.dtype).removeprefix("torch.")
 
 
@@ -344,14 +345,14 @@ def seal_store(
     work: Path,
     key: str,
     shards: list[dict],
-    backend: Backend,
+    plan: ExtractionPlan,
     params: Params,
     aux_layers: list[int],
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     num_samples: int,
 ) -> dict:
     """The completed shards in `work` made a store: its token file and sealed manifest."""
-    hidden_size, online = backend.hidden_size, params.extract.features == "online"
+    hidden_size, online = plan.hidden_size, params.extract.features == "online"
     # Token file from the shards themselves: what vocab-map counts is exactly what was stored.
     ids, masks, offsets = [], [], [torch.zeros(1, dtype=torch.int64)]
     for entry in shards:
@@ -363,7 +364,7 @@ def seal_store(
     dtype = params.extract.store_dtype  # float8_e4m3fn: fp8 rows + a float32 scale each (store.py)
     manifest = {
         "schema_version": SCHEMA_VERSION,
-        "fingerprint": fingerprint,
+        "fingerprint": fingerprint.to_json(),
         "aux_layers": list(aux_layers),
         "dtype": dtype,
         "hidden_size": hidden_size,
@@ -374,40 +375,40 @@ def seal_store(
         "data": params.data.model_dump(),
         "shards": shards,
     }
-    if topk := backend.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
+    if topk := plan.target_topk:  # the target's top-N (id int32 + logprob float32), not last_hidden
         manifest |= {
             "target_topk": topk,
             "bytes_per_token": feature_bytes_per_token(hidden_size, dtype, topk) + 4 + 1,
         }
     if online:  # the tokens alone: training computes the features (dtype: what it rounds them to)
         manifest |= {"features": "online", "bytes_per_token": 4 + 1}
-    if backend.capture_threads is not None:  # an online store: the count training's forwards take
-        manifest["capture_threads"] = backend.capture_threads
+    if plan.capture_threads is not None:  # an online store: the count training's forwards take
+        manifest["capture_threads"] = plan.capture_threads
     manifest = write_manifest(work, manifest, key)  # sealed: tokens sha256, config hash, checksum
     (work / JOURNAL).unlink()  # the sealed manifest vouches for the shards now
     return manifest
 
 
 def run_extraction(
-    backend: Backend,
+    plan: ExtractionPlan,
     params: Params,
     aux_layers: list[int],
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     out_dir: Path,
     stop_after_shards: int | None = None,
     stats: dict | None = None,
     publish: bool = True,
 ) -> dict:
     """The backend-independent part: select, cut into shards, resume, write shards and manifest;
-    `backend.compute` turns one shard's conversations into samples. `stop_after_shards` ends the
+    `plan.compute` turns one shard's conversations into samples. `stop_after_shards` ends the
     run early (as an interruption would), for tests. `stats`, when given, gets
     "computed_tokens" and "computed_seconds": the shards this run computed, not those it resumed
     (the manifest is the same either way). `publish`: the completed work folder replaces `out_dir`
     here; the extract stage passes False and commits it with its other outputs."""
-    tokenizer, chat = backend.tokenizer, backend.chat
+    tokenizer, chat = plan.tokenizer, plan.chat
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = work_folder(out_dir)  # shards and journal until the run completes (store.py)
-    key = config_hash(params, fingerprint, backend.capture_threads)
+    key = config_hash(params, fingerprint, plan.capture_threads)
     # Bad data fails here, before anything of the last run is removed.
     selected = select_conversations(params, tokenizer, chat)
     # Intact shards of this config (journal or finished manifest), now in `work`; the out is kept.
@@ -415,7 +416,7 @@ def run_extraction(
     per_shard = params.extract.shard_samples
     groups = [selected[i : i + per_shard] for i in range(0, len(selected), per_shard)]
     online = params.extract.features == "online"
-    compute = tokens_only(backend.compute, params) if online else backend.compute
+    compute = tokens_only(plan.compute, params) if online else plan.compute
     tokens_done, started = 0, time.perf_counter()
     with _progress() as progress:
         task = progress.add_task("extract", total=len(selected), tok_s=0.0)
@@ -438,7 +439,7 @@ def run_extraction(
     shards = [done[i] for i in range(len(groups))]
 
     # The new store is completed in the work folder; the last one stays in place until then.
-    manifest = seal_store(work, key, shards, backend, params, aux_layers, fingerprint, len(selected))
+    manifest = seal_store(work, key, shards, plan, params, aux_layers, fingerprint, len(selected))
     if publish:  # else the caller puts the work folder in place (the extract stage's commit)
         publish_store(out_dir)
     return manifest

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import DynamicCache
 
-from eagle3.verifier.capture import Captured, capture_hidden_states
-from eagle3.verifier.load import Target
-from eagle3.verifier.render import Rendered
+from eagle3.target.capture import Captured, capture_hidden_states
+from eagle3.target.load import Target
+from eagle3.target.render import Rendered
 
 
 @dataclass

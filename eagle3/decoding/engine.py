@@ -31,8 +31,8 @@ from eagle3.decoding.kv import keep_verified
 from eagle3.decoding.lookup import lookup_continuation
 from eagle3.decoding.tree import DraftTree, graft_chain, verify_mask
 from eagle3.drafter import DrafterCache, Eagle3Drafter
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.load import Target
 
 
 @dataclass

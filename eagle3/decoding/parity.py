@@ -35,10 +35,10 @@ from torch import Tensor
 from eagle3.decoding.engine import SpecEngine
 from eagle3.decoding.evaluate import EvalRun
 from eagle3.decoding.stats import percentile_interval, resample_index
+from eagle3.target.capture import capture_hidden_states
 from eagle3.train.data import Batch
 from eagle3.train.simulate import DraftShape, accepted_lengths, position_shares
-from eagle3.train.ttt import TTTModel, acceptance_length, step_valid
-from eagle3.verifier.capture import capture_hidden_states
+from eagle3.train.ttt import LossConfig, TTTModel, acceptance_length, step_valid
 
 TREE_DEPTH = 2  # the deepest tree simulate.py drafts
 
@@ -63,7 +63,9 @@ class TextSimulator:
         self.engine, self.shape = engine, shape
         self.chain = shape.topk == 1  # the TTT unroll's chains: any depth
         head_rows = engine.target.head.weight[engine.draft_to_target]  # the K draft rows
-        self.model = TTTModel(engine.drafter, head_rows.detach(), ttt_length=shape.depth, decay=1.0)
+        self.model = TTTModel(
+            engine.drafter, head_rows.detach(), LossConfig(ttt_length=shape.depth, decay=1.0)
+        )
 
     @torch.no_grad()
     def batch(self, ids: Sequence[int], answer_start: int) -> Batch:

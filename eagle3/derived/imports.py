@@ -4,12 +4,15 @@ A stage re-runs when one of its deps changes, so its code deps are exactly the p
 `python -m stages.<name>` may import: every `import` in their bodies (function-level ones too),
 the `__init__.py` of each package on the way, and the modules of the backend roles it calls
 (eagle3/backends.py imports a role's module by name when it is called, which no import statement
-shows). A package marker (an `__init__.py` with only a docstring) changes nothing and is left out.
+shows). A package marker (an `__init__.py` with only a docstring) changes nothing and is left out,
+and so is an import under `if TYPE_CHECKING:`, which never runs (tests/test_layers.py still holds
+those to the layers).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,11 +44,30 @@ def _parsed(path: Path, _version: int) -> ast.Module:
     return ast.parse(path.read_text())
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): a block only type checkers read."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
+
+
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of `tree` but those of `if TYPE_CHECKING:` bodies (their else branches run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            todo.extend(child.orelse if _type_checking_only(child) else [child])
+
+
 def imports(path: Path, root: Path = ROOT) -> set[Path]:
-    """Project files `path` imports anywhere in its body (function-level imports included)."""
+    """Project files `path` imports anywhere in its body (function-level imports included, those
+    under `if TYPE_CHECKING:` not)."""
     package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
     found: set[Path] = set()
-    for node in ast.walk(parsed(path)):
+    for node in _run_time_nodes(parsed(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

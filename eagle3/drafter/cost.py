@@ -91,12 +91,6 @@ def store_bytes_per_token(hidden: int, top_n: int, dtype: str = "bfloat16") -> d
     }
 
 
-def precision_of(dtype: torch.dtype) -> tuple[torch.dtype, bool]:
-    """(master weight dtype, bf16 autocast on?) training runs in for a compute dtype: bf16 is
-    autocast over float32 master weights and optimizer state."""
-    return (torch.float32, True) if dtype == torch.bfloat16 else (dtype, False)
-
-
 def activation_bytes_per_step(cfg: DrafterConfig, p: TrainParams, rows: int, autocast: bool = True) -> int:
     """Activations kept for backward per TTT step, for `rows` sequences of train.seq_len
     (logits of the draft vocabulary dominate; attention scores grow with seq_len squared)."""
@@ -114,8 +108,8 @@ def training_memory(
     stored_topk: int | None = None,
 ) -> dict[str, float]:
     """Per-device training memory in GiB, part by part, with its DDP and FSDP totals (see the
-    module doc). `precision`: precision_of(the train dtype); `stored_topk`: the store holds the
-    target's top-N logprobs instead of last_hidden."""
+    module doc). `precision`: eagle3/dtypes/precision.py's precision_of(the train dtype);
+    `stored_topk`: the store holds the target's top-N logprobs instead of last_hidden."""
     master, autocast = precision
     m = master.itemsize
     frozen_bytes = 2 if autocast else m

@@ -5,4 +5,5 @@ per machine, recorded per run. Modules, each importing only those above it (and 
     policy.py     this machine's decision per work: `auto` resolved, measured once and kept
     decisions.py  what each dtype param of a params file resolves to (the dtypes stage, `eagle3 dtypes`)
     resolved.py   the decisions recorded in artifacts/dtypes/ for DVC, and params pinned to them
+    precision.py  how training computes in a dtype (bf16: autocast over float32 master weights)
 """

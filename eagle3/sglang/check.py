@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -21,7 +22,8 @@ from eagle3.sglang.client import ServerPool
 from eagle3.sglang.handover import HookTransport
 from eagle3.sglang.rows import generate_body, prefill_body, request_rows
 from eagle3.sglang.server_args import check_pool_args
-from eagle3.verifier.patch_check import PatchCheckError
+from eagle3.target.fingerprint import Fingerprint, ServedBy
+from eagle3.target.patch_check import PatchCheckError
 
 CHECK_CONVERSATIONS = (
     (
@@ -236,17 +238,19 @@ def check_transport(
 
 
 def sglang_fingerprint(
-    base: dict, aux_args: dict, final_args: dict | None, rule: LayerIdRule, top_logprobs: int | None = None
-) -> dict:
+    base: Fingerprint,
+    aux_args: dict,
+    final_args: dict | None,
+    rule: LayerIdRule,
+    top_logprobs: int | None = None,
+) -> Fingerprint:
     """The transformers fingerprint of the local target files, with the engine replaced by SGLang
     and what the target's prediction comes from (top-N logprobs, or the final-state servers)."""
-    fp = {k: v for k, v in base.items() if k not in ("engine", "engine_version", "torch_version", "dtype")}
-    return fp | {
-        "engine": "sglang",
-        "engine_version": aux_args["version"],
-        "dtype": aux_args["dtype"],
-        "server_args": aux_args,
-        "final_server_args": final_args,
-        "target_top_logprobs": top_logprobs,
-        "layer_id_family": rule.family,
-    }
+    return replace(
+        base,
+        engine="sglang",
+        engine_version=aux_args["version"],
+        dtype=aux_args["dtype"],
+        torch_version=None,  # the servers' torch, not this process's
+        servers=ServedBy(aux_args, final_args, top_logprobs, rule.family),
+    )

@@ -5,7 +5,7 @@ plain greedy decoding (the baseline), EAGLE-3 with the drafter under evaluation 
 eval.mode / k / topk / tree_budget through eagle3/sglang/speculative.py, the mapping `eagle3
 serve-command` prints) and SGLang's NGRAM speculation (the peer that needs no training, in the
 place of the hf backend's prompt lookup). Every prompt is rendered as the hf backend renders it
-(eagle3/verifier/render.py) and sent as input_ids to the three servers in turn, rotating the order
+(eagle3/target/render.py) and sent as input_ids to the three servers in turn, rotating the order
 per prompt, greedy; the first prompt warms each server up untimed.
 
 The results become the hf backend's PromptResults, so the metrics, per-category figures and
@@ -82,7 +82,7 @@ from eagle3.sglang.speculative import (
     ngram_flags,
     servable,
 )
-from eagle3.verifier.load import has_chat_template, load_target, resolve_target
+from eagle3.target.load import has_chat_template, load_target, resolve_target
 
 PLAIN, SPEC, PEER = "plain", "eagle3", "ngram"
 WARMUP_TOKENS = 8

@@ -21,13 +21,14 @@ import torch
 from transformers import AutoTokenizer
 
 from eagle3.core.params import Params
-from eagle3.data.extract import Backend, GroupFn, Selected, run_extraction
+from eagle3.data.extract import ExtractionPlan, GroupFn, Selected, run_extraction
 from eagle3.data.store import Sample
 from eagle3.sglang.features import checked_servers, target_of, text_sample
 from eagle3.sglang.rows import generate_body, request_rows
 from eagle3.sglang.servers import ExtractionServers
-from eagle3.verifier.load import eos_token_ids_of_folder, has_chat_template, resolve_target
-from eagle3.verifier.render import render_prompt
+from eagle3.target.fingerprint import Fingerprint
+from eagle3.target.load import eos_token_ids_of_folder, has_chat_template, resolve_target
+from eagle3.target.render import render_prompt
 
 
 def onpolicy_sample(
@@ -78,7 +79,7 @@ def sglang_group_fn(
 
 def extract_with_sglang(
     params: Params,
-    fingerprint: dict,
+    fingerprint: Fingerprint,
     out_dir: Path,
     **options: int | dict | None,
 ) -> tuple[dict, str]:
@@ -92,6 +93,6 @@ def extract_with_sglang(
     stop = eos_token_ids_of_folder(path, tokenizer)
     servers, hidden = checked.servers, checked.hidden_size
     compute = sglang_group_fn(servers, hidden, params, tokenizer, chat, stop)
-    backend = Backend(tokenizer, chat, hidden, compute, servers.top_logprobs)
-    manifest = run_extraction(backend, params, checked.aux_layers, fingerprint, out_dir, **options)
-    return manifest, fingerprint["dtype"]
+    plan = ExtractionPlan(tokenizer, chat, hidden, compute, servers.top_logprobs)
+    manifest = run_extraction(plan, params, checked.aux_layers, fingerprint, out_dir, **options)
+    return manifest, fingerprint.dtype

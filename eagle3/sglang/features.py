@@ -16,8 +16,9 @@ from eagle3.sglang.client import ServerPool
 from eagle3.sglang.rows import Rows, prefill_body, request_rows
 from eagle3.sglang.server_args import check_pool_args
 from eagle3.sglang.servers import ExtractionServers, FinalState
-from eagle3.verifier.load import load_target_config
-from eagle3.verifier.render import Rendered
+from eagle3.target.fingerprint import Fingerprint
+from eagle3.target.load import load_target_config
+from eagle3.target.render import Rendered
 
 
 def target_of(servers: ExtractionServers, hidden: int, rows: Rows, ids: list[int]) -> dict:
@@ -91,25 +92,26 @@ def _refuse_changed(recorded: dict | None, live: dict) -> None:
         raise ValueError(f"the SGLang servers changed since patch-check ({detail}): run patch-check again")
 
 
-def checked_servers(params: Params, fingerprint: dict) -> CheckedServers:
+def checked_servers(params: Params, fingerprint: Fingerprint) -> CheckedServers:
     """The extract params' servers after refusing, before any request, what differs from the
     patch-check report: the engine, the aux layers, the target mode and every server's args."""
-    if fingerprint.get("engine") != "sglang":
+    served = fingerprint.servers
+    if fingerprint.engine != "sglang" or served is None:
         raise ValueError(
-            f"extract.backend is 'sglang' but the patch-check report checked {fingerprint.get('engine')}: "
+            f"extract.backend is 'sglang' but the patch-check report checked {fingerprint.engine}: "
             "run patch-check again"
         )
     full_config = load_target_config(params.target)
     config = full_config.get_text_config()  # Kimi-K2.5 nests it
     aux_layers = check_against_target(params, config.num_hidden_layers, config.vocab_size)
-    if aux_layers != fingerprint["aux_layers"]:
+    if aux_layers != list(fingerprint.aux_layers):
         raise ValueError(
             f"extract.aux_layers resolve to {aux_layers} but patch-check checked "
-            f"{fingerprint['aux_layers']}: run patch-check again"
+            f"{list(fingerprint.aux_layers)}: run patch-check again"
         )
     servers = ExtractionServers.from_params(params.extract)
-    if fingerprint.get("target_top_logprobs") != servers.top_logprobs:
-        checked = fingerprint.get("target_top_logprobs")
+    if served.target_top_logprobs != servers.top_logprobs:
+        checked = served.target_top_logprobs
         raise ValueError(
             f"extract asks for the target's {servers.mode.describe()}, but "
             f"patch-check checked {f'top {checked} logprobs' if checked else 'final-norm states'}: "
@@ -117,7 +119,7 @@ def checked_servers(params: Params, fingerprint: dict) -> CheckedServers:
         )
     rule = layer_id_rule(full_config.architectures[0])
     aux_args, final_args = check_pools(servers.aux, servers.final, aux_layers, rule)
-    recorded = {name: fingerprint.get(name) for name in ("server_args", "final_server_args")}
+    recorded = {"server_args": served.server_args, "final_server_args": served.final_server_args}
     _refuse_changed(recorded["server_args"], aux_args)
     _refuse_changed(recorded["final_server_args"], final_args or {})
     if servers.final is not None and params.extract.sglang_requests_in_flight > 1:

@@ -26,8 +26,8 @@ from eagle3.core.params import Params
 from eagle3.data.store import FeatureStore, Sample
 from eagle3.sglang.client import ServerUnavailable
 from eagle3.sglang.features import CheckedServers, checked_servers, text_sample
-from eagle3.train.online import FeatureFn, Recheck
-from eagle3.verifier.render import Rendered
+from eagle3.target.render import Rendered
+from eagle3.train.online import OnlineFeed, Recheck
 
 # How often a server that stopped answering is asked again (EAGLE3_SGLANG_POLL_S overrides it).
 POLL_S = float(os.environ.get("EAGLE3_SGLANG_POLL_S", "5"))
@@ -36,15 +36,16 @@ WAIT_S = 3600.0  # how long one server may stay away before training stops (noth
 R = TypeVar("R")
 
 
-def sglang_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck, int | None]:
-    """(features of rendered samples, the re-check, N of the top-N the store's target mode gives
-    or None for final-norm states) from the servers patch-check checked."""
-    if store.fingerprint.get("engine") != "sglang":
+def sglang_features(params: Params, store: FeatureStore) -> OnlineFeed:
+    """The online store's features from the servers patch-check checked: their rows, the re-check
+    (another request), and N of the top-N the store's target mode gives (None: final-norm states)."""
+    fingerprint = store.fingerprint
+    if fingerprint.engine != "sglang":
         raise ValueError(
             "extract.backend is 'sglang' but the online store was checked on "
-            f"{store.fingerprint.get('engine')}: run patch-check and extract again"
+            f"{fingerprint.engine}: run patch-check and extract again"
         )
-    checked = checked_servers(params, store.fingerprint)
+    checked = checked_servers(params, fingerprint)
     if checked.aux_layers != store.aux_layers:
         raise ValueError(
             f"the servers capture layers {checked.aux_layers}, the store was made for {store.aux_layers}"
@@ -60,7 +61,7 @@ def sglang_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Rec
 
     urls = ", ".join(checked.servers.aux.urls)
     recheck = Recheck(params.online.recheck_every, one, f"another request to the servers ({urls})")
-    return compute, recheck, checked.servers.top_logprobs
+    return OnlineFeed(compute, recheck, target_topk=checked.servers.top_logprobs)
 
 
 def patiently(

@@ -15,9 +15,9 @@ from eagle3.sglang.check import (
     sglang_fingerprint,
 )
 from eagle3.sglang.servers import ExtractionServers
-from eagle3.verifier.load import has_chat_template, load_target, load_target_config
-from eagle3.verifier.patch_check import PatchCheckError, fingerprint
-from eagle3.verifier.render import render_conversation, render_prompt, user_turn
+from eagle3.target.load import has_chat_template, load_target, load_target_config
+from eagle3.target.patch_check import PatchCheckError, fingerprint
+from eagle3.target.render import render_conversation, render_prompt, user_turn
 
 
 def check_inputs(tokenizer, chat: bool) -> tuple[list[list[int]], list[int]]:
@@ -62,7 +62,7 @@ def sglang_patch_check(params: Params) -> dict:
         checks.append(handover)
     base = fingerprint(target, aux_layers)
     return {
-        "fingerprint": sglang_fingerprint(base, aux_args, final_args, rule, top),
+        "fingerprint": sglang_fingerprint(base, aux_args, final_args, rule, top).to_json(),
         "convention": f"aux layer id L = output of decoder layer L = HF hidden_states[L + 1]; SGLang "
         f"({rule.family}): {rule.capture}",
         "checks": checks,

@@ -46,11 +46,11 @@ from eagle3.drafter.cost import (
     IDS_MASK_BYTES,
     draft_step_flops,
     drafter_params,
-    precision_of,
     store_bytes_per_token,
     training_memory,
 )
 from eagle3.drafter.export import load_drafter_config
+from eagle3.dtypes.precision import precision_of
 from eagle3.dtypes.probes import DTYPES
 from eagle3.sglang.servers import store_format
 from eagle3.sglang.transport_cost import SERVER_CPU_S_PER_NUMBER, transport_ceiling
@@ -110,7 +110,7 @@ def read_target_config(source: str) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     elif not path.exists():
-        from eagle3.verifier.load import PACKAGES, resolve_target  # converts a GGUF
+        from eagle3.target.load import PACKAGES, resolve_target  # converts a GGUF
 
         if source not in PACKAGES:
             raise InputError(

@@ -12,6 +12,7 @@ import torch
 
 from eagle3.core.inputs import InputError
 from eagle3.drafter.config import DrafterConfig
+from eagle3.target.fingerprint import Fingerprint
 from eagle3.vocab import draft_to_target_ids
 
 
@@ -20,8 +21,8 @@ def _mismatch(what: str, key: str, got: object, expected: object, fix: str) -> I
 
 
 def check_inputs(
-    report_fp: dict,
-    features_fp: dict,
+    report_fp: Fingerprint,
+    features_fp: Fingerprint,
     features_aux: list[int],
     mapping_meta: dict,
     d2t: torch.Tensor,
@@ -41,8 +42,8 @@ def check_inputs(
 
 
 def _check_features(
-    report_fp: dict,
-    features_fp: dict,
+    report_fp: Fingerprint,
+    features_fp: Fingerprint,
     features_aux: list[int],
     cfg: DrafterConfig,
     target_tokenizer_sha256: str | None,
@@ -50,38 +51,42 @@ def _check_features(
     """The features against the patch-check report's target, the tokenizer as it is now and the
     drafter's hidden size."""
     rerun_extract = "re-run the extract stage for this target (dvc repro extract)"
-    tok_now, tok_features = target_tokenizer_sha256, features_fp.get("tokenizer_sha256")
-    if tok_now is not None and tok_features is not None and tok_now != tok_features:
+    tok_now, tok_features = target_tokenizer_sha256, features_fp.tokenizer_sha256
+    if tok_now is not None and tok_now != tok_features:
         raise InputError(
             "the target's tokenizer files changed since the features (artifacts/extract) were made "
             f"(tokenizer_sha256 {tok_now[:12]}... now, {tok_features[:12]}... then); re-run patch-check "
             "and everything after it (dvc repro --force --downstream patch-check)"
         )
     for key in ("target_sha256", "tokenizer_sha256", "num_layers", "hidden_size", "vocab_size"):
-        if key in report_fp and features_fp.get(key) != report_fp[key]:
+        if getattr(features_fp, key) != getattr(report_fp, key):
             raise _mismatch(
                 "features (artifacts/extract) come from another target",
                 key,
-                features_fp.get(key),
-                report_fp[key],
+                getattr(features_fp, key),
+                getattr(report_fp, key),
                 rerun_extract,
             )
-    if sorted(features_aux) != sorted(report_fp.get("aux_layers", features_aux)):
+    if sorted(features_aux) != sorted(report_fp.aux_layers):
         raise _mismatch(
-            "features (artifacts/extract)", "aux_layers", features_aux, report_fp["aux_layers"], rerun_extract
+            "features (artifacts/extract)",
+            "aux_layers",
+            features_aux,
+            list(report_fp.aux_layers),
+            rerun_extract,
         )
-    if features_fp.get("hidden_size", cfg.target_hidden_size) != cfg.target_hidden_size:
+    if features_fp.hidden_size != cfg.target_hidden_size:
         raise _mismatch(
             "features (artifacts/extract)",
             "hidden_size",
-            features_fp.get("hidden_size"),
+            features_fp.hidden_size,
             cfg.target_hidden_size,
             rerun_extract,
         )
 
 
 def _check_mapping(
-    report_fp: dict,
+    report_fp: Fingerprint,
     mapping_meta: dict,
     d2t: torch.Tensor,
     t2d: torch.Tensor,
@@ -105,12 +110,12 @@ def _check_mapping(
             f"params have {vocab_size} (another run's?); {rerun_vocab}"
         )
     tok = mapping_meta.get("tokenizer_sha256")
-    if tok is not None and tok != report_fp.get("tokenizer_sha256", tok):
+    if tok is not None and tok != report_fp.tokenizer_sha256:
         raise _mismatch(
             "the vocab mapping (artifacts/vocab-map) was built with another tokenizer",
             "tokenizer_sha256",
             tok,
-            report_fp["tokenizer_sha256"],
+            report_fp.tokenizer_sha256,
             rerun_vocab,
         )
     size = mapping_meta.get("target_vocab_size", len(t2d))

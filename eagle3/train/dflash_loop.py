@@ -25,6 +25,7 @@ from eagle3.core.stageio import read_json, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.dflash import DFlashConfig, DFlashDrafter, resolve_mask_token
 from eagle3.drafter.dflash_cost import dflash_train_flops_per_token, dflash_training_memory
+from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
 from eagle3.train.data import Batch, BatchSource, StoredFeatures, sample_lengths, split_samples
 from eagle3.train.dflash import BlockModel, batch_anchors
@@ -34,6 +35,7 @@ from eagle3.train.loop import (
     TrainOutcome,
     TrainRecipe,
     _Accumulator,
+    _all_reduced,
     _curve_row,
     _to_device,
 )
@@ -47,7 +49,6 @@ from eagle3.train.prepare import (
     training_code_sha256,
 )
 from eagle3.train.ttt import acceptance_length
-from eagle3.verifier.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.vocab import load_mapping
 
 HELDOUT_EPOCH = -1  # the anchors' epoch for held-out evaluation: the same blocks every epoch
@@ -226,13 +227,10 @@ class DFlashRecipe(TrainRecipe):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        tokens = torch.tensor([[batch.num_tokens] * self.positions], dtype=torch.float64, device=self.device)
-        reduced = all_reduce(torch.cat([stats.as_tensor(), tokens]), d).cpu()
-        self.epoch_sums.add(reduced[:3])
-        self._tokens_seen += int(reduced[3, 0])
-        return _curve_row(
-            self.step, self.epoch, self.scheduler.get_last_lr()[0], reduced[:3], float(grad_norm)
-        )
+        summed, tokens = _all_reduced(stats, batch.num_tokens, d, self.device)
+        self.epoch_sums.add(summed)
+        self._tokens_seen += tokens
+        return _curve_row(self.step, self.epoch, self.scheduler.get_last_lr()[0], summed, float(grad_norm))
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -247,7 +245,7 @@ class DFlashRecipe(TrainRecipe):
                 anchors, keep = batch_anchors(batch, samples, self.anchors, self.p.seed, HELDOUT_EPOCH)
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     _, stats, hits = self.model(batch, anchors, keep, chains=True)
-                acc.add(stats.as_tensor())
+                acc.add(stats)
                 if len(hits):
                     lengths.append(acceptance_length(hits).cpu())
         out = acc.summary()

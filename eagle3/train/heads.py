@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from eagle3.verifier.load import resolve_target
+from eagle3.target.load import resolve_target
 
 EMBED_SUFFIX = "embed_tokens.weight"
 HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")

@@ -44,11 +44,11 @@ from eagle3.train.data import (
     split_samples,
     target_in_draft,
 )
-from eagle3.train.distributed import all_reduce, barrier, device_of, init_distributed
+from eagle3.train.distributed import Dist, all_reduce, barrier, device_of, init_distributed
 from eagle3.train.online import OnlineSource, prefetched
 from eagle3.train.prepare import TrainInputs, drafter_config, precision
 from eagle3.train.simulate import SHAPES, DraftShape, accepted_lengths, position_shares
-from eagle3.train.ttt import TTTModel, acceptance_length, loss_norm, step_valid
+from eagle3.train.ttt import LossConfig, StepStats, TTTModel, acceptance_length, loss_norm, step_valid
 from eagle3.vocab import draft_to_target_ids, target_to_draft_slots
 
 __all__ = ["CHECKPOINT", "TrainInputs", "TrainOutcome", "TrainRecipe", "train_drafter", "trainable_state"]
@@ -178,17 +178,7 @@ class TrainRecipe:
         # top-N from last_hidden needs every lm_head row; a top-N store carries its top-N already
         full_head = inputs.head.to(compute) if p.target_topk and not stored_topk else None
         head_rows = head_rows.to(compute)
-        self.model = TTTModel(
-            drafter,
-            head_rows,
-            p.ttt_length,
-            p.ttt_decay,
-            draft_slot,
-            p.target_topk or 0,
-            full_head,
-            p.loss_positions,
-            p.loss_average,
-        ).to(self.device)
+        self.model = TTTModel(drafter, head_rows, LossConfig.of(p), draft_slot, full_head).to(self.device)
         self.ddp_model = self.model
         if self.dist.world > 1:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
@@ -324,14 +314,10 @@ class TrainRecipe:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        # summed on the step's device (NCCL reduces GPU tensors only), read on the CPU
-        tokens = torch.tensor([[batch.num_tokens] * p.ttt_length], dtype=torch.float64, device=self.device)
-        reduced = all_reduce(torch.cat([stats.as_tensor(), tokens]), d).cpu()
-        self.epoch_sums.add(reduced[:3])
-        self._tokens_seen += int(reduced[3, 0])
-        return _curve_row(
-            self.step, self.epoch, self.scheduler.get_last_lr()[0], reduced[:3], float(grad_norm)
-        )
+        summed, tokens = _all_reduced(stats, batch.num_tokens, d, self.device)
+        self.epoch_sums.add(summed)
+        self._tokens_seen += tokens
+        return _curve_row(self.step, self.epoch, self.scheduler.get_last_lr()[0], summed, float(grad_norm))
 
     def _report(self, row: dict, on_step: Callable[[dict], None] | None) -> None:
         seconds = time.perf_counter() - self._started
@@ -365,7 +351,7 @@ class TrainRecipe:
                     _, stats, hits = self.model(batch, chains=True)
                     for name, lengths_of_shape in accepted_lengths(self.model, batch, shapes).items():
                         simulated[name].append(lengths_of_shape.cpu())
-                acc.add(stats.as_tensor())
+                acc.add(stats)
                 if hits is not None and len(hits):
                     lengths.append(acceptance_length(hits).cpu())
         out = acc.summary()
@@ -496,22 +482,32 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     return batch if device.type == "cpu" else batch.to(device)
 
 
+def _all_reduced(stats: StepStats, tokens: int, d: Dist, device: torch.device) -> tuple[StepStats, int]:
+    """A step's statistics and its token count summed over the ranks, in one all-reduce: on the
+    step's device (NCCL reduces GPU tensors only), read on the CPU."""
+    steps = len(stats.count)
+    tokens_row = torch.tensor([[tokens] * steps], dtype=torch.float64, device=device)
+    reduced = all_reduce(torch.cat([stats.as_tensor(), tokens_row]), d).cpu()
+    summed, tokens_summed = reduced[: StepStats.ROWS], reduced[StepStats.ROWS]
+    return StepStats.from_tensor(summed), int(tokens_summed[0])
+
+
 class _Accumulator:
-    """Per-TTT-position sums (loss, correct, count)."""
+    """Per-TTT-position sums of StepStats, kept as its tensor (what a checkpoint holds)."""
 
     def __init__(self, steps: int):
-        self.sums = torch.zeros(3, steps, dtype=torch.float64)
+        self.sums = torch.zeros(StepStats.ROWS, steps, dtype=torch.float64)
 
-    def add(self, stats: Tensor) -> None:
-        self.sums += stats.cpu()
+    def add(self, stats: StepStats) -> None:
+        self.sums += stats.as_tensor().cpu()
 
     def summary(self) -> dict:
-        loss, correct, count = self.sums
-        count = count.clamp(min=1)
+        sums = StepStats.from_tensor(self.sums)
+        count = sums.count.clamp(min=1)
         return {
-            "loss": (loss / count).tolist(),
-            "acc": (correct / count).tolist(),
-            "positions": self.sums[2].long().tolist(),
+            "loss": (sums.loss_sum / count).tolist(),
+            "acc": (sums.correct / count).tolist(),
+            "positions": sums.count.long().tolist(),
         }
 
 
@@ -529,9 +525,8 @@ def _progress(total: int, done: int, epoch: int) -> tuple[Progress, int]:
     return bar, bar.add_task("train", total=total, completed=done, epoch=epoch, loss=0.0, acc=0.0, tok_s=0.0)
 
 
-def _curve_row(step: int, epoch: int, lr: float, sums: Tensor, grad_norm: float) -> dict:
-    loss, correct, count = sums
-    count = count.clamp(min=1)
+def _curve_row(step: int, epoch: int, lr: float, sums: StepStats, grad_norm: float) -> dict:
+    loss, correct, count = sums.loss_sum, sums.correct, sums.count.clamp(min=1)
     row = {"step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm}
     row["loss"] = float((loss / count).mean())  # unweighted mean over TTT positions
     for k in range(len(loss)):

@@ -31,11 +31,11 @@ from eagle3.core.params import Params
 from eagle3.data.extract import capture_rows, reference_sample
 from eagle3.data.store import FEATURE_KEYS, TOPK_KEYS, FeatureStore, Sample
 from eagle3.dtypes.resolved import pinned
+from eagle3.target.load import load_target
+from eagle3.target.render import Rendered
 from eagle3.train.argmax import argmax_rows
 from eagle3.train.data import argmax_head
 from eagle3.train.prepare import TrainInputs
-from eagle3.verifier.load import load_target
-from eagle3.verifier.render import Rendered
 
 # rendered samples -> their features, in order (aux_hidden, and last_hidden or the top-N)
 FeatureFn = Callable[[list[Rendered]], list[Sample]]
@@ -57,6 +57,17 @@ class Recheck:
     every: int
     again: Callable[[Rendered], Sample]
     source: str
+
+
+@dataclass(frozen=True)
+class OnlineFeed:
+    """What a backend's online role gives training for an online store: the features of rendered
+    samples, in order; the re-check of one sample computed again; and N when the samples hold the
+    target's top-N logprobs in place of its final-norm states (None)."""
+
+    compute: FeatureFn
+    recheck: Recheck
+    target_topk: int | None
 
 
 class OnlineFeatures:
@@ -119,13 +130,13 @@ def at_threads(threads: int | None, fn: Callable[..., R]) -> Callable[..., R]:
     return run
 
 
-def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck, None]:
+def hf_features(params: Params, store: FeatureStore) -> OnlineFeed:
     """The in-process target as the online store's feature source: loaded as extraction loads it
     (the prefill dtype the dtypes stage recorded, packed weights), computing with extraction's
     own `capture_rows` at the torch threads extraction ran at (the store's `capture_threads`: on
     some CPUs a forward's bits depend on them); the re-check is its plain forward's
-    output_hidden_states. Its store holds final-norm states, not a top-N (the None)."""
-    engine = store.fingerprint.get("engine")
+    output_hidden_states. Its store holds final-norm states, not a top-N."""
+    engine = store.fingerprint.engine
     if engine != "transformers":
         raise InputError(
             f"the online store was checked on {engine}, not the in-process target (transformers): "
@@ -148,7 +159,7 @@ def hf_features(params: Params, store: FeatureStore) -> tuple[FeatureFn, Recheck
         at_threads(threads, partial(reference_sample, target, aux_layers=aux)),
         "the in-process target's plain forward (output_hidden_states)",
     )
-    return compute, recheck, None
+    return OnlineFeed(compute, recheck, target_topk=None)
 
 
 def disagreement(a: Sample, b: Sample) -> str | None:
@@ -218,11 +229,8 @@ class OnlineSource:
     prefetch_batches: int
 
 
-def online_source(
-    inputs: TrainInputs, compute: FeatureFn, recheck: Recheck, prefetch_batches: int, target_topk: int | None
-) -> OnlineSource:
+def online_source(inputs: TrainInputs, feed: OnlineFeed, prefetch_batches: int) -> OnlineSource:
     """The feature source of an online store, taking the argmax as a store's pass would."""
-    features = OnlineFeatures(
-        inputs.store, compute, argmax_head(inputs.head), inputs.t2d, target_topk, recheck
-    )
+    head = argmax_head(inputs.head)
+    features = OnlineFeatures(inputs.store, feed.compute, head, inputs.t2d, feed.target_topk, feed.recheck)
     return OnlineSource(features, prefetch_batches)

@@ -17,16 +17,18 @@ from torch import Tensor
 
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, ParamsError, TrainParams
-from eagle3.core.stageio import code_sha256, read_json, sha256_file, sha256_json
+from eagle3.core.stageio import code_sha256, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.config import DrafterConfig
-from eagle3.drafter.cost import precision_of, training_memory
+from eagle3.drafter.cost import training_memory
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
 from eagle3.dtypes.policy import resolve_dtype
+from eagle3.dtypes.precision import precision_of
 from eagle3.dtypes.probes import Shape, Work
+from eagle3.target.fingerprint import read_fingerprint
+from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
 from eagle3.train.heads import load_target_final_norm, load_target_heads
-from eagle3.verifier.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.vocab import MAPPING, draft_size, load_mapping
 
 # Params that do not change the trained weights (a checkpoint stays valid across them).
@@ -182,7 +184,7 @@ def _require(paths: dict[Path, str]) -> None:
 def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) -> TrainInputs:
     """Read and cross-check every input (the extract, vocab-map and patch-check outputs)."""
     _require({report: "patch-check", features / MANIFEST: "extract", mapping: "vocab-map"})
-    report_fp = read_json(report)["fingerprint"]
+    report_fp = read_fingerprint(report)
     store = FeatureStore(features)  # refuses an edited manifest
     d2t, t2d, meta = load_mapping(mapping)  # refuses a damaged or mismatched mapping file
     if meta.get("drafter_kind", "eagle3") != "eagle3":

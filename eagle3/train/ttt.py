@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle3.core.params import LossAverage, LossPositions
+from eagle3.core.params import LossAverage, LossPositions, TrainParams
 from eagle3.drafter.model import Eagle3Drafter
 from eagle3.drafter.ttt_attention import TTTCache
 from eagle3.train.data import Batch
@@ -85,16 +85,49 @@ def loss_norm(batch: Batch, counts: Tensor, average: LossAverage = "token") -> T
     return torch.full_like(counts, float(padded))
 
 
+@dataclass(frozen=True)
+class LossConfig:
+    """What the TTT loss is over: `ttt_length` steps, step k weighted decay**k; the positions
+    that count (step_valid: train.loss_positions, or drafted to measure what decoding drafts);
+    what a step's summed loss is divided by (loss_norm: train.loss_average); and, with
+    `target_topk` n > 0, the target's top-n only (0: all the batch carries)."""
+
+    ttt_length: int
+    decay: float
+    positions: CountedPositions = "after_assistant"
+    average: LossAverage = "token"
+    target_topk: int = 0
+
+    def __post_init__(self) -> None:
+        for name, kind in (("positions", CountedPositions), ("average", LossAverage)):
+            if getattr(self, name) not in (allowed := get_args(kind)):
+                raise ValueError(f"loss {name} {getattr(self, name)!r}: use one of {', '.join(allowed)}")
+
+    @classmethod
+    def of(cls, p: TrainParams) -> LossConfig:
+        """The loss the train params ask for."""
+        return cls(p.ttt_length, p.ttt_decay, p.loss_positions, p.loss_average, p.target_topk or 0)
+
+
 @dataclass
 class StepStats:
-    """Per TTT position, summed over the local batch: loss, correct top-1, counted positions."""
+    """Per TTT position, summed over a batch: loss, correct top-1, counted positions. As one
+    tensor (as_tensor, from_tensor) the three are its rows, in that order: what is all-reduced
+    and what a checkpoint keeps."""
 
     loss_sum: Tensor  # float64 [L]
     correct: Tensor  # float64 [L]
     count: Tensor  # float64 [L]
 
+    ROWS = 3  # as_tensor's rows
+
     def as_tensor(self) -> Tensor:
         return torch.stack([self.loss_sum, self.correct, self.count])
+
+    @classmethod
+    def from_tensor(cls, rows: Tensor) -> StepStats:
+        loss_sum, correct, count = rows
+        return cls(loss_sum, correct, count)
 
 
 def draft_distribution(top: Tensor, ids: Tensor, draft_slot: Tensor, draft_size: int) -> Tensor:
@@ -128,19 +161,14 @@ class TTTModel(nn.Module):
         self,
         drafter: Eagle3Drafter,
         target_head_rows: Tensor,
-        ttt_length: int,
-        decay: float,
+        loss: LossConfig,
         draft_slot: Tensor | None = None,  # [V]: draft id of a target id, -1 if none (top-N targets)
-        topk_n: int = 0,  # train on the target's top-n only (0: all the batch carries)
         full_head: Tensor | None = None,  # the target lm_head [V, H]: top-n from last_hidden
-        loss_positions: CountedPositions = "after_assistant",  # train.loss_positions (step_valid)
-        loss_average: LossAverage = "token",  # train.loss_average (loss_norm)
     ):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("head_rows", target_head_rows, persistent=False)  # [K, H]
-        self.ttt_length, self.decay, self.topk_n = ttt_length, decay, topk_n
-        self.loss_positions, self.loss_average = loss_positions, loss_average
+        self.loss = loss
         if draft_slot is not None:
             self.register_buffer("draft_slot", draft_slot, persistent=False)
         if full_head is not None:
@@ -149,7 +177,7 @@ class TTTModel(nn.Module):
     def _targets(self, batch: Batch, b: Tensor, t: Tensor, soft: Tensor | None, logits: Tensor | None):
         """(wanted [n, K] distribution, the target's top-1 draft slot [n]) at positions (b, t)."""
         if batch.topk_ids is not None:  # a top-N store: the target's prediction as stored
-            n = self.topk_n or batch.topk_ids.shape[-1]
+            n = self.loss.target_topk or batch.topk_ids.shape[-1]
             ids, top = batch.topk_ids[b, t, :n], batch.topk_logprobs[b, t, :n]
             wanted = draft_distribution(top, ids, self.draft_slot, len(self.head_rows))
             return wanted, self.draft_slot[ids[:, 0]]
@@ -162,17 +190,17 @@ class TTTModel(nn.Module):
         `norm` [L]: what each step's summed loss is divided by over the global batch (defaults
         to this batch's, loss_norm).
         """
-        L, m = self.ttt_length, self.drafter
-        valid = [step_valid(batch, k, self.loss_positions) for k in range(L)]
+        L, m, topk_n = self.loss.ttt_length, self.drafter, self.loss.target_topk
+        valid = [step_valid(batch, k, self.loss.positions) for k in range(L)]
         counts = torch.stack([v.sum() for v in valid]).double()
-        norm = loss_norm(batch, counts, self.loss_average) if norm is None else norm
+        norm = loss_norm(batch, counts, self.loss.average) if norm is None else norm
         target_logits = soft = None
         if batch.last_hidden is not None:
             with torch.no_grad():
                 target_logits = batch.last_hidden.to(self.head_rows.dtype) @ self.head_rows.T  # [B, T, K]
-                if self.topk_n:
+                if topk_n:
                     soft = topk_target(
-                        batch.last_hidden, self.full_head, self.draft_slot, self.topk_n, len(self.head_rows)
+                        batch.last_hidden, self.full_head, self.draft_slot, topk_n, len(self.head_rows)
                     )
         hidden = m.project(batch.aux_hidden)
         cache = TTTCache()
@@ -189,7 +217,7 @@ class TTTModel(nn.Module):
                 with torch.no_grad():
                     wanted, target_top1 = self._targets(batch, b, t + 1 + k, soft, target_logits)
                 step_loss = F.cross_entropy(logits, wanted, reduction="sum")
-                loss = loss + (self.decay**k) * step_loss / norm[k].clamp(min=1).to(loss.dtype)
+                loss = loss + (self.loss.decay**k) * step_loss / norm[k].clamp(min=1).to(loss.dtype)
                 hit = logits.argmax(-1) == target_top1
                 loss_sum[k] = step_loss.detach().double()
                 correct[k] = hit.sum().double()

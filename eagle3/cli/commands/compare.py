@@ -1,13 +1,137 @@
-"""`eagle3 compare`: the experiments side by side (vocab size, coverage, acceptance, draft cost,
-speed, machine). `eagle3 report` reads them the same way (experiment_arguments, read_rows)."""
+"""`eagle3 compare`: the experiments side by side, in two narrow tables (quality: vocab size,
+coverage, acceptance; then speed: draft cost, tokens/s, speedups) that fit an 80-column terminal.
+`eagle3 report` reads and prints them the same way (experiment_arguments, read_rows,
+print_comparison).
+
+Speeds compare only between rows measured on the same machine with the same dtypes, so each
+speed row carries a letter for where it was measured and a legend spells the letters out.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from string import ascii_uppercase
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
 
 from eagle3.cli.subcommand import Subcommand, fail
+
+if TYPE_CHECKING:  # the rows' type only: reading them imports eagle3.sweep when a command runs
+    from eagle3.sweep.experiments import Experiment
+
+MISSING = "-"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return MISSING if value is None else format(value, fmt)
+
+
+def _params_count(value: float | None) -> str:
+    if value is None:
+        return MISSING
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def _with_interval(e: Experiment, key: str, fmt: str) -> str:
+    value, lo, hi = e.number(key), e.number(f"{key}_ci.lo"), e.number(f"{key}_ci.hi")
+    if value is None:
+        return MISSING
+    if lo is None or hi is None:
+        return format(value, fmt)
+    return f"{value:{fmt}} [{lo:{fmt}},{hi:{fmt}}]"
+
+
+def _size(e: Experiment) -> str:
+    requested, used = e.params.get("vocab.size"), e.draft_vocab_size
+    if used is None:
+        return MISSING
+    # a size above the target's vocabulary runs as the full vocabulary: show both
+    return f"{used}" if requested in (None, used) else f"{requested}→{used}"
+
+
+QUALITY: list[tuple[str, Callable[[Experiment], str]]] = [
+    ("vocab\nsize", _size),
+    ("coverage", lambda e: _num(e.number("coverage"), ".4f")),
+    ("lm_head\nparams", lambda e: _params_count(e.number("lm_head_params"))),
+    ("acceptance length\n[95% CI]", lambda e: _with_interval(e, "acceptance_length", ".2f")),
+    ("accept\nrate", lambda e: _num(e.number("acceptance_rate"), ".3f")),
+]
+SPEED: list[tuple[str, Callable[[Experiment], str]]] = [
+    ("draft\nms/step", lambda e: _num(e.number("draft_ms_per_step"), ".2f")),
+    ("tok/s", lambda e: _num(e.number("tokens_per_s"), ".2f")),
+    ("speedup", lambda e: _num(e.number("speedup"), ".2f")),
+    ("prompt lookup\nspeedup", lambda e: _num(e.number("prompt_lookup_speedup"), ".2f")),
+]
+
+
+def machine_letters(experiments: list[Experiment]) -> dict[tuple, str]:
+    """A letter per (machine, dtypes) in order of first appearance; rows never measured get none."""
+    letters: dict[tuple, str] = {}
+    for e in experiments:
+        if e.machine is not None and e.measured_on not in letters:
+            letters[e.measured_on] = ascii_uppercase[len(letters) % 26]
+    return letters
+
+
+def _table(title: str, columns: list, experiments: list[Experiment], extra: Callable | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("experiment", overflow="fold", no_wrap=False, max_width=20)
+    if extra is not None:
+        table.add_column("meas.\non", justify="center")
+    for label, _ in columns:
+        table.add_column(label, justify="right", overflow="fold")
+    for e in experiments:
+        cells = [e.label] + ([extra(e)] if extra is not None else []) + [get(e) for _, get in columns]
+        table.add_row(*cells)
+    return table
+
+
+def _dtypes_text(dtypes: dict[str, str]) -> str:
+    order = ("extract", "train", "eval", "drafter")
+    return ", ".join(f"{k} {dtypes[k]}" for k in order if k in dtypes) or "dtypes unknown"
+
+
+def comparison(experiments: list[Experiment]) -> RenderableType:
+    """Both tables and the legend of where each speed was measured."""
+    letters = machine_letters(experiments)
+    quality = _table("Draft vocabulary and acceptance", QUALITY, experiments)
+    speed = _table(
+        "Speed (compare rows with the same letter only)",
+        SPEED,
+        experiments,
+        extra=lambda e: letters.get(e.measured_on, MISSING),
+    )
+    legend = Text()
+    for (machine, dtypes), letter in letters.items():
+        legend.append(f"{letter}: ", style="bold")
+        legend.append(f"{machine}; {_dtypes_text(dict(dtypes))}\n")
+    machines = {machine for machine, _ in letters}
+    if len(machines) > 1:
+        legend.append(
+            f"warning: these rows were measured on {len(machines)} different machines; their "
+            "speeds do not compare.\n",
+            style="yellow",
+        )
+    elif len(letters) > 1:
+        legend.append("warning: these rows were measured with different dtypes.\n", style="yellow")
+    for e in experiments:
+        if e.stale:
+            legend.append(
+                f"{e.label}: {', '.join(e.stale)} did not run for this experiment (a targeted "
+                "`dvc exp run`); the figures it left from another run are not shown.\n"
+            )
+    return Group(quality, Text(), speed, legend)
+
+
+def print_comparison(experiments: list[Experiment], console: Console | None = None) -> None:
+    (console or Console()).print(comparison(experiments))
 
 
 def experiment_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +158,6 @@ def read_rows(args: argparse.Namespace) -> list:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from eagle3.cli.compare import print_comparison
     from eagle3.core.inputs import InputError
     from eagle3.core.params import ParamsError
     from eagle3.sweep.experiments import ExperimentsError

@@ -40,7 +40,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from eagle3.cli.compare import print_comparison
+    from eagle3.cli.commands.compare import print_comparison
     from eagle3.core.inputs import InputError
     from eagle3.core.params import ParamsError
     from eagle3.sweep.costs import PlanTarget

@@ -1,11 +1,72 @@
-"""`eagle3 serve-command`: the SGLang and vLLM commands that serve the target with the drafter."""
+"""`eagle3 serve-command`: the exact SGLang and vLLM commands that serve the target with the
+trained drafter.
+
+Draft shape comes from the eval params, which the speculative-eval stage measured (the mapping
+lives in eagle3/sglang/speculative.py, which eval.backend: sglang launches with):
+  chain (eval.k drafts, one per step): SGLang --speculative-num-steps k --speculative-eagle-topk 1
+      --speculative-num-draft-tokens k + 1 (the drafts plus the token they extend);
+  tree (depth eval.k, eval.topk children, eval.tree_budget drafts): steps k, topk, budget + 1.
+vLLM's EAGLE-3 drafts a chain of `num_speculative_tokens`, so it gets k in both modes.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+from pathlib import Path
 
 from eagle3.cli.subcommand import Subcommand, fail
-from eagle3.core.params import ParamsError, load_params
+from eagle3.core.params import Params, ParamsError, load_params
+
+
+def drafter_folder(params: Params, drafter: str | None = None) -> Path:
+    """The drafter to serve: the argument, else eval.drafter, else the train stage's, refused as
+    speculative-eval refuses it and unless it is EAGLE-3."""
+    # imported here, not above: they load torch, and every `eagle3` subcommand imports this module
+    from eagle3.decoding.setup import eval_drafter
+    from eagle3.drafter.config import ARCHITECTURE
+    from eagle3.drafter.export import CONFIG
+
+    folder = eval_drafter(params, drafter)
+    architectures = json.loads((folder / CONFIG).read_text()).get("architectures", [])
+    if architectures != [ARCHITECTURE]:
+        raise ValueError(
+            f"{folder / CONFIG}: architectures is {architectures}, not an EAGLE-3 drafter export"
+        )
+    return folder.resolve()
+
+
+def serve_commands(
+    params: Params, drafter: str | None = None, tp: int = 1, port: int = 30000
+) -> dict[str, str]:
+    """{"sglang": command, "vllm": command, "notes": lines} for the current artifacts."""
+    from eagle3.decoding.setup import drafter_depth
+    from eagle3.sglang.speculative import eagle3_flags, eagle3_shape
+    from eagle3.target.load import resolve_target
+
+    if tp < 1:
+        raise ValueError(f"--tp must be >= 1 (got {tp})")
+    folder = str(drafter_folder(params, drafter))
+    target = resolve_target(params.target.source)
+    ev = params.eval
+    shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)  # as eval.backend sglang serves it
+    sglang = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(tp)]
+    sglang += ["--port", str(port), *eagle3_flags(folder, shape)]
+    spec = {"method": "eagle3", "model": folder, "num_speculative_tokens": params.eval.k}
+    vllm = ["vllm", "serve", target, "--tensor-parallel-size", str(tp), "--port", str(port)]
+    vllm += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    notes = []
+    if warning := drafter_depth(params, Path(folder))[1]:
+        notes.append(warning)
+    if params.eval.mode == "tree":
+        notes.append("vLLM drafts a chain of num_speculative_tokens; the tree shape applies to SGLang only")
+    if params.eval.lookup_tokens:
+        notes.append(
+            f"eval.lookup_tokens ({params.eval.lookup_tokens}): neither server grafts a prompt-lookup "
+            "branch onto EAGLE-3 trees, so expect the speed measured with eval.lookup_tokens: 0"
+        )
+    return {"sglang": shlex.join(sglang), "vllm": shlex.join(vllm), "notes": "\n".join(notes)}
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +77,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from eagle3.cli.serve import serve_commands  # loads torch
-
     try:
         commands = serve_commands(load_params(args.params), args.drafter, args.tp, args.port)
     except (ParamsError, FileNotFoundError, ValueError) as err:

@@ -20,8 +20,9 @@ from eagle3.core.layer_ids import LAYER_ID_RULES, serving_rule
 from eagle3.core.params import Params, check_against_target
 from eagle3.core.stageio import sha256_files
 from eagle3.dtypes.resolved import pinned
-from eagle3.verifier.capture import capture_hidden_states
-from eagle3.verifier.load import Target, load_target, load_target_config
+from eagle3.target.capture import capture_hidden_states
+from eagle3.target.fingerprint import Fingerprint
+from eagle3.target.load import Target, load_target, load_target_config
 
 CHECK_PROMPTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -55,21 +56,22 @@ def _local_folder(target: Target) -> Path:
     return Path(snapshot_download(target.path, local_files_only=True))
 
 
-def fingerprint(target: Target, aux_layers: list[int]) -> dict:
+def fingerprint(target: Target, aux_layers: list[int]) -> Fingerprint:
+    """The in-process engine's fingerprint of `target`: its files' hashes, sizes and dtype."""
     folder = _local_folder(target)
-    return {
-        "engine": "transformers",
-        "engine_version": transformers.__version__,
-        "torch_version": torch.__version__.split("+")[0],
-        "target_source": target.source,
-        "target_sha256": _files_sha256(folder, ("*.safetensors", "*.bin")),
-        "tokenizer_sha256": _files_sha256(folder, ("tokenizer.json", "tokenizer.model")),
-        "num_layers": target.num_layers,
-        "hidden_size": target.hidden_size,
-        "vocab_size": target.vocab_size,
-        "aux_layers": list(aux_layers),
-        "dtype": str(target.model.dtype).removeprefix("torch."),
-    }
+    return Fingerprint(
+        engine="transformers",
+        engine_version=transformers.__version__,
+        torch_version=torch.__version__.split("+")[0],
+        target_source=target.source,
+        target_sha256=_files_sha256(folder, ("*.safetensors", "*.bin")),
+        tokenizer_sha256=_files_sha256(folder, ("tokenizer.json", "tokenizer.model")),
+        num_layers=target.num_layers,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        aux_layers=tuple(aux_layers),
+        dtype=str(target.model.dtype).removeprefix("torch."),
+    )
 
 
 CaptureFn = Callable[..., object]
@@ -102,7 +104,7 @@ def run_patch_check(
             {"prompt_tokens": ids.shape[1], "logits_bitwise_equal": True, "states_bitwise_equal": True}
         )
     report = {
-        "fingerprint": fingerprint(target, aux_layers),
+        "fingerprint": fingerprint(target, aux_layers).to_json(),
         "convention": CONVENTION,
         "checks": checks,
         "passed": True,
