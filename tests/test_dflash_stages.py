@@ -1,4 +1,4 @@
-"""Every stage with drafter.kind: dflash, on bench/faults.py's tiny project (the real SmolLM2 target,
+"""Every stage with drafter.kind: dflash, on tests/fault_harness.py's tiny project (the real SmolLM2 target,
 16 ShareGPT samples of 64 tokens): patch-check and extract capture the DFlash target layers (online
 features: the store keeps tokens, train computes the layers), vocab-map writes the whole vocabulary
 with the same bytes for any vocab.size, train exports a DFlash drafter, speculative-eval decodes
@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import fault_harness as faults
 import pytest
-from fault_harness import copy_project, faults
+from fault_harness import copy_project
 
 from eagle3.core.stageio import sha256_file
 

@@ -677,7 +677,8 @@ class DFlashParams(Section):
 
     # The reference drafters (z-lab Qwen3-4B/8B-DFlash-b16) have 5 layers and read one target layer
     # per draft layer; SpecForge trains blocks of 16 on GPUs and of 8 (GLM-5.1, MiniMax) with
-    # loss-decay gamma 4. Here blocks of 8: a CPU verifies 8 tokens for ~1.3x one (docs/results.md).
+    # loss-decay gamma 4. Here blocks of 8: a verify of 8 tokens costs less than of 16 on a CPU (how
+    # much less is not yet measured on a quiet machine).
     num_layers: int = Field(default=5, ge=1, le=64, description="draft decoder layers (the reference's 5)")
     block_size: int = Field(
         default=8,

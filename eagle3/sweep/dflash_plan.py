@@ -17,7 +17,7 @@ from typing import Any
 
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, ParamsError, dflash_target_layers
-from eagle3.drafter.cost import GIB, precision_of
+from eagle3.drafter.cost import GIB
 from eagle3.drafter.dflash import DFlashConfig
 from eagle3.drafter.dflash_cost import (
     dflash_params,
@@ -26,6 +26,7 @@ from eagle3.drafter.dflash_cost import (
     dflash_train_flops_per_token,
     dflash_training_memory,
 )
+from eagle3.dtypes.precision import precision_of
 from eagle3.dtypes.probes import DTYPES
 from eagle3.sglang.servers import store_format
 from eagle3.train.prepare import SHAPE_KEYS
