@@ -111,6 +111,7 @@ def test_speculative_eval_decodes_losslessly_by_block_position(project):
     assert m["lossless"] is True and m["greedy_match"] == 1.0
     assert list(m["per_position_acceptance"]) == ["1", "2", "3"]  # block_size - 1 drafts a step
     assert m["untrained_steps"] == 0 and m["eval_coverage"] == 1.0
+    assert "parity" not in m["per_domain"]["chat"]  # the TTT simulation is of EAGLE-3 drafters only
 
 
 def test_a_drafter_of_the_other_family_is_refused_in_one_line(project, tmp_path):

@@ -45,6 +45,8 @@ TREE_DEPTH = 2  # the deepest tree simulate.py drafts
 
 def simulated_shape(engine: SpecEngine) -> tuple[DraftShape | None, str]:
     """(the engine's draft shape, its name), or (None, why the simulation does not cover it)."""
+    if not isinstance(engine, SpecEngine):  # a DFlash block engine: its training has no TTT simulation
+        return None, f"a {type(engine).__name__}: the simulation is of EAGLE-3 drafters"
     if engine.sampling:
         return None, f"eval.temperature {engine.temperature}: the simulation is of greedy decoding"
     if engine.mode == "chain":

@@ -21,10 +21,11 @@ from transformers import AutoTokenizer
 
 from eagle3.core.inputs import InputError
 from eagle3.core.params import Params, TrainParams, resolve_aux_layers
-from eagle3.core.stageio import read_json, sha256_file, sha256_json
+from eagle3.core.stageio import sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.dflash import DFlashConfig, DFlashDrafter, resolve_mask_token
 from eagle3.drafter.dflash_cost import dflash_train_flops_per_token, dflash_training_memory
+from eagle3.target.fingerprint import read_fingerprint
 from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
 from eagle3.train.data import Batch, BatchSource, StoredFeatures, sample_lengths, split_samples
@@ -92,7 +93,7 @@ def prepare_dflash_inputs(params: Params, features: Path, mapping: Path, report:
     """Read and cross-check every input (the extract, vocab-map and patch-check outputs) for a
     DFlash drafter; the vocab mapping must be vocab-map's DFlash one: the whole vocabulary."""
     _require({report: "patch-check", features / MANIFEST: "extract", mapping: "vocab-map"})
-    report_fp = read_json(report)["fingerprint"]
+    report_fp = read_fingerprint(report)
     store = FeatureStore(features)
     d2t, t2d, meta = load_mapping(mapping)
     if meta.get("drafter_kind") != "dflash" or not bool(t2d.all()):
