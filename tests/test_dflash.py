@@ -324,3 +324,37 @@ def test_the_plan_prices_the_dflash_drafter_beside_eagle3s_for_smollm2_and_kimi(
     assert not kimi["active"] and kimi["config"]["target_layer_ids"] == [1, 15, 30, 44, 58]
     assert kimi["params"]["frozen"] == 2 * 163840 * 7168
     assert kimi["memory_gib_per_device"]["total_fsdp"] < kimi["memory_gib_per_device"]["total_ddp"]
+
+
+# --- serving ----------------------------------------------------------------------------------------
+
+
+def test_serve_command_and_sglang_eval_take_the_dflash_launch(tmp_path):
+    from eagle3.cli.commands.serve import serve_commands
+    from eagle3.sglang.evaluate import SpecServer, drafter_refusal
+    from eagle3.sglang.speculative import dflash_shape
+
+    target = tiny_target(dtype=torch.float32)
+    export_dflash(DFlashDrafter(config(target)), tmp_path / "d", dtype=torch.float32)
+    params = parse_params({"drafter": {"kind": "dflash"}, "eval": {"drafter": str(tmp_path / "d")}})
+    commands = serve_commands(params, tp=8)
+    folder = (tmp_path / "d").resolve()
+    assert f"--speculative-algorithm DFLASH --speculative-draft-model-path {folder}" in commands["sglang"]
+    assert "--speculative-num-steps" not in commands["sglang"] and "--tp 8" in commands["sglang"]
+    assert f'"method":"dflash","model":"{folder}","num_speculative_tokens":{BLOCK - 1}' in commands["vllm"]
+    assert f"a DFlash block of {BLOCK}" in commands["notes"]
+    # eval.backend sglang serves it as DFLASH, checks one block a step, counts block - 1 positions
+    spec = SpecServer.of(tmp_path / "d", dflash_shape(BLOCK))
+    assert (spec.kind, spec.algorithm, spec.depth) == ("dflash", "DFLASH", BLOCK - 1)
+    assert spec.flags == ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(folder)]
+    layers = target.config.num_hidden_layers
+    fits = SimpleNamespace(hidden_size=target.config.hidden_size, num_hidden_layers=layers, vocab_size=V)
+    assert drafter_refusal(tmp_path / "d", fits) is None
+    narrower = SimpleNamespace(**(vars(fits) | {"hidden_size": target.config.hidden_size * 2}))
+    assert "drafts through the target's embedding and head" in drafter_refusal(tmp_path / "d", narrower)
+    shallow = SimpleNamespace(**(vars(fits) | {"num_hidden_layers": max(LAYER_IDS) + 1}))
+    assert "cannot be one" in drafter_refusal(tmp_path / "d", shallow)
+    # an EAGLE-3 drafter where drafter.kind is dflash: refused in one line, naming both
+    export_drafter(_eagle3(), tmp_path / "e")
+    with pytest.raises(InputError, match="--drafter: .* is a eagle3 drafter, but drafter.kind is dflash"):
+        serve_commands(params, str(tmp_path / "e"))

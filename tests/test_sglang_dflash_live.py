@@ -126,3 +126,41 @@ def test_dflash_greedy_output_is_the_plain_servers(servers, drafter):
         assert repeat["spec_accept_length"] >= BLOCK_SIZE - 1, repeat
         assert repeat["spec_correct_drafts_histogram"][BLOCK_SIZE - 1] > 0, repeat
     print("\nDFLASH accept lengths:", [round(o["meta_info"]["spec_accept_length"], 2) for o in spec])
+
+
+def test_the_stage_measures_an_exported_dflash_drafter_on_sglang(tmp_path):
+    """speculative-eval with eval.backend sglang and drafter.kind dflash, as DVC runs it: this
+    project's own export (random weights, seeded) served by a DFLASH server beside a plain one."""
+    import torch
+    from test_sglang_eval import run_stage
+    from transformers import AutoConfig, AutoTokenizer
+
+    from eagle3.drafter.dflash import DFlashConfig, DFlashDrafter, resolve_mask_token
+    from eagle3.drafter.dflash_export import export_dflash
+
+    path = resolve_target(TARGET)
+    mask, text = resolve_mask_token(AutoTokenizer.from_pretrained(path), 49152)
+    cfg = DFlashConfig.from_target_config(
+        AutoConfig.from_pretrained(path), 1, BLOCK_SIZE, TARGET_LAYER_IDS, mask, text
+    )
+    torch.manual_seed(0)
+    drafter = tmp_path / "drafter"
+    export_dflash(DFlashDrafter(cfg), drafter, dtype=torch.float32)
+    ev = {
+        "backend": "sglang",
+        "drafter": str(drafter),
+        "domains": {"chat": 1, "code": 1},
+        "max_new_tokens": 16,
+    }
+    ev |= {"dtype": "float32", "prompt_lookup": False, "sglang_python": SGLANG_PYTHON}
+    raw = {"drafter": {"kind": "dflash"}, "eval": ev, "tracking": {"enabled": False}}
+    project, done = run_stage(tmp_path, raw)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((project / "metrics/speculative-eval.json").read_text())
+    args = metrics["sglang_args"]["dflash"]
+    assert args["speculative_algorithm"] == "DFLASH" and args["speculative_draft_model_path"] == str(drafter)
+    assert args["speculative_num_draft_tokens"] == BLOCK_SIZE  # one block verified a step
+    assert metrics["greedy_match"] == 1.0 and metrics["lossless"] and metrics["steps"] > 0
+    assert metrics["eval_coverage"] == 1.0  # the target's own head: every token can be drafted
+    assert set(metrics["per_position_acceptance"]) == {str(i) for i in range(1, BLOCK_SIZE)}
+    assert set(metrics["per_domain"]) == {"chat", "code"}

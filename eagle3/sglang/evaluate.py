@@ -1,9 +1,10 @@
 """speculative-eval on SGLang (eval.backend: sglang): the drafter measured the way users serve it.
 
 Three servers of the target, started here (eagle3/sglang/launch.py) or given by URL:
-plain greedy decoding (the baseline), EAGLE-3 with the drafter under evaluation (shape from
+plain greedy decoding (the baseline), the drafter under evaluation (EAGLE-3, shape from
 eval.mode / k / topk / tree_budget through eagle3/sglang/speculative.py, the mapping `eagle3
-serve-command` prints) and SGLang's NGRAM speculation (the peer that needs no training, in the
+serve-command` prints; or DFLASH for a DFlash block drafter, one block a step) and SGLang's NGRAM
+speculation (the peer that needs no training, in the
 place of the hf backend's prompt lookup). Every prompt is rendered as the hf backend renders it
 (eagle3/target/render.py) and sent as input_ids to the three servers in turn, rotating the order
 per prompt, greedy; the first prompt warms each server up untimed.
@@ -22,6 +23,7 @@ own sgl_kernel and default attention backend, no launcher override, `--tp eval.s
   python -m sglang.launch_server --model-path TARGET --tp TP --dtype DTYPE --host 127.0.0.1
       --port P --skip-server-warmup --sleep-on-idle --disable-radix-cache [--trust-remote-code]
       [--speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFTER <shape flags> |
+       --speculative-algorithm DFLASH --speculative-draft-model-path DRAFTER |
        --speculative-algorithm NGRAM --speculative-num-draft-tokens N]
 For Kimi-K2.5 (eval.sglang_tp 8, target.trust_remote_code) the three servers need 8 GPUs each:
 start them on three nodes and give their URLs (eval.sglang_url, sglang_eagle3_url,
@@ -38,8 +40,10 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer
 
@@ -59,6 +63,8 @@ from eagle3.decoding.evaluate import (
 )
 from eagle3.decoding.prompts import Prompt, answered, render_prompts
 from eagle3.decoding.report import category_table, domain_table, interval_line
+from eagle3.drafter.dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
+from eagle3.drafter.dflash_export import drafter_kind, load_dflash_config
 from eagle3.drafter.export import load_drafter_config
 from eagle3.sglang.client import ServerPool, SGLangError
 from eagle3.sglang.launch import (
@@ -72,11 +78,14 @@ from eagle3.sglang.launch import (
     terminated_as_exit,
 )
 from eagle3.sglang.speculative import (
+    DFLASH,
     EAGLE3,
     NGRAM,
     SpecResponse,
     SpecShape,
     check_server,
+    dflash_flags,
+    dflash_shape,
     eagle3_flags,
     eagle3_shape,
     ngram_flags,
@@ -84,10 +93,30 @@ from eagle3.sglang.speculative import (
 )
 from eagle3.target.load import has_chat_template, load_target, resolve_target
 
-PLAIN, SPEC, PEER = "plain", "eagle3", "ngram"
+PLAIN, PEER = "plain", "ngram"
+SPEC = "eagle3"  # an EAGLE-3 drafter's server; a DFlash drafter's is "dflash" (SpecServer.kind)
 WARMUP_TOKENS = 8
 # metrics of the hf backend that SGLang does not report (draft/verify split, prefill time)
 NOT_MEASURED = ("draft_ms_per_step", "verify_ms_per_step", "prefill_ms_per_prompt")
+
+
+@dataclass(frozen=True)
+class SpecServer:
+    """The speculative server a drafter's family is served by."""
+
+    kind: str  # its name in the servers, tags and rows: eagle3 | dflash
+    label: str  # as the report names it
+    algorithm: str  # SGLang's --speculative-algorithm
+    shape: SpecShape  # what its get_server_info must report
+    flags: list[str]
+    depth: int  # the most drafts one step can accept: per-position figures, divergence block
+
+    @classmethod
+    def of(cls, drafter_dir: Path, shape: SpecShape) -> SpecServer:
+        folder = drafter_dir.resolve()
+        if drafter_kind(drafter_dir) == "dflash":
+            return cls("dflash", "DFlash", DFLASH, shape, dflash_flags(folder), shape.num_draft_tokens - 1)
+        return cls(SPEC, "EAGLE-3", EAGLE3, shape, eagle3_flags(folder, shape), shape.num_steps)
 
 
 def drafter_refusal(drafter_dir: Path, target_config) -> str | None:
@@ -97,6 +126,8 @@ def drafter_refusal(drafter_dir: Path, target_config) -> str | None:
     hidden = getattr(target_config, "hidden_size", None)
     layers = getattr(target_config, "num_hidden_layers", None)
     vocab = getattr(target_config, "vocab_size", None)
+    if raw.get("architectures") == [DFLASH_ARCHITECTURE]:
+        return _dflash_refusal(drafter_dir, raw, hidden, layers, vocab)
     if raw.get("architectures") != ["LlamaForCausalLMEagle3"]:
         return (
             f"architectures is {raw.get('architectures')}, SGLang's EAGLE-3 drafter is LlamaForCausalLMEagle3"
@@ -121,8 +152,28 @@ def drafter_refusal(drafter_dir: Path, target_config) -> str | None:
     return None
 
 
+def _dflash_refusal(drafter_dir: Path, raw: dict, hidden, layers, vocab) -> str | None:
+    """drafter_refusal for a DFlash drafter: it borrows the target's embedding and lm_head and
+    reads target layers SGLang must capture."""
+    if not (drafter_dir / "model.safetensors").exists():
+        return "model.safetensors is missing"
+    if hidden is not None and raw.get("hidden_size") != hidden:
+        why = "it drafts through the target's embedding and head"
+        return f"hidden_size {raw.get('hidden_size')} != the target's {hidden}: {why}"
+    if vocab is not None and raw.get("vocab_size") != vocab:
+        return f"vocab_size {raw.get('vocab_size')} != the target's {vocab}"
+    config = load_dflash_config(drafter_dir)
+    if layers is not None and max(config.target_layer_ids) >= layers - 1:
+        return (
+            f"target_layer_ids {config.target_layer_ids}: SGLang captures layer L as the input of layer "
+            f"L + 1, so the target's last layer ({layers - 1}) cannot be one"
+        )
+    return None
+
+
 def check_inputs(params: Params, drafter_dir: Path) -> tuple[SpecShape, object]:
-    """Everything checkable before a server starts: (the EAGLE-3 shape, the target's config)."""
+    """Everything checkable before a server starts: (the shape its server reports, the target's
+    config). EAGLE-3: the eval params' shape; DFlash: one block a step, the drafter's size."""
     ev = params.eval
     if ev.temperature != 0:
         raise InputError(f"eval.temperature: {ev.temperature}: backend sglang measures greedy decoding (0)")
@@ -130,24 +181,26 @@ def check_inputs(params: Params, drafter_dir: Path) -> tuple[SpecShape, object]:
     target_config = AutoConfig.from_pretrained(resolve_target(params.target.source), trust_remote_code=remote)
     if why := drafter_refusal(drafter_dir, target_config):
         raise InputError(f"{drafter_dir}: SGLang cannot load this drafter as trained: {why}")
+    if drafter_kind(drafter_dir) == "dflash":
+        return dflash_shape(load_dflash_config(drafter_dir).block_size), target_config
     shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)
     if why := servable(shape):
         raise InputError(f"eval.tree_budget: {ev.tree_budget}: SGLang cannot serve this tree: {why}")
     return shape, target_config
 
 
-def server_kinds(params: Params, drafter_dir: Path, shape: SpecShape) -> dict[str, list[str]]:
+def server_kinds(params: Params, spec: SpecServer) -> dict[str, list[str]]:
     """{kind: SGLang flags} of the servers this evaluation needs."""
     common = ["--trust-remote-code"] if params.target.trust_remote_code else []
-    kinds = {PLAIN: common, SPEC: common + eagle3_flags(drafter_dir.resolve(), shape)}
+    kinds = {PLAIN: common, spec.kind: common + spec.flags}
     if params.eval.prompt_lookup:
         kinds[PEER] = common + ngram_flags(params.eval.prompt_lookup_tokens)
     return kinds
 
 
-def checked_args(params: Params, urls: dict[str, str], pool: ServerPool, shape: SpecShape) -> dict[str, dict]:
+def checked_args(params: Params, urls: dict[str, str], pool: ServerPool, spec: SpecServer) -> dict[str, dict]:
     """Each server's recorded args, after checking its version, kind, shape and dtype."""
-    expect = {PLAIN: (None, None, None), SPEC: (EAGLE3, shape, None)}
+    expect = {PLAIN: (None, None, None), spec.kind: (spec.algorithm, spec.shape, None)}
     expect[PEER] = (NGRAM, None, params.eval.prompt_lookup_tokens)
     args = {}
     for kind, url in urls.items():
@@ -219,9 +272,9 @@ def _generation(r: SpecResponse) -> Generation:
     return Generation(tokens=r.output_ids, seconds=r.seconds, accepted=accepted, drafter_accepted=accepted)
 
 
-def _row(result: PromptResult, prompt: Prompt, responses: dict[str, SpecResponse]) -> dict:
+def _row(result: PromptResult, prompt: Prompt, responses: dict[str, SpecResponse], kind: str) -> dict:
     """The deterministic part of one prompt's results (no timings)."""
-    spec = responses[SPEC]
+    spec = responses[kind]
     row = {
         "id": result.id,
         "category": prompt.category,
@@ -264,7 +317,7 @@ def _judge_divergences(params: Params, run: EvalRun, batch: list, dtype: str, bl
 
 
 def launched_servers(
-    params: Params, path: str, kinds: dict[str, list[str]], drafter_dir: Path, log_dir: Path | None
+    params: Params, path: str, kinds: dict[str, list[str]], drafter_dir: Path, log_dir: Path | None, spec: str
 ) -> dict[str, Server]:
     """The eval's servers started here (logs in `log_dir`, else a new temporary folder); a
     speculative server that exits at start is named as refusing the drafter."""
@@ -276,7 +329,7 @@ def launched_servers(
     try:
         return start_servers(launch, path, kinds)
     except LaunchError as err:
-        if f"SGLang {SPEC} server exited" in str(err):
+        if f"SGLang {spec} server exited" in str(err):
             raise LaunchError(f"SGLang refused the drafter {drafter_dir}: {err}") from None
         raise
 
@@ -292,12 +345,13 @@ def evaluate_on_sglang(
     temporary folder, named in any error about them) and are always stopped."""
     ev = params.eval
     shape, _ = check_inputs(params, drafter_dir)
+    spec = SpecServer.of(drafter_dir, shape)
     path = resolve_target(params.target.source)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=params.target.trust_remote_code)
     chat = has_chat_template(params.target.source)
     render_prompts(tokenizer, [p for p in prompts if p.follows is None], chat)  # renders, before any server
-    kinds = server_kinds(params, drafter_dir, shape)
-    given = {PLAIN: ev.sglang_url, SPEC: ev.sglang_eagle3_url, PEER: ev.sglang_ngram_url}
+    kinds = server_kinds(params, spec)
+    given = {PLAIN: ev.sglang_url, spec.kind: ev.sglang_eagle3_url, PEER: ev.sglang_ngram_url}
     servers = {}
     with terminated_as_exit():
         try:
@@ -305,7 +359,7 @@ def evaluate_on_sglang(
                 urls = {kind: given[kind] for kind in kinds}
                 where = "SGLang servers at " + ", ".join(sorted(set(urls.values())))
             else:
-                servers = launched_servers(params, path, kinds, drafter_dir, log_dir)
+                servers = launched_servers(params, path, kinds, drafter_dir, log_dir, spec.kind)
                 urls = {kind: server.url for kind, server in servers.items()}
                 where = (
                     machine()
@@ -313,7 +367,7 @@ def evaluate_on_sglang(
                     else f"{machine()} (host), SGLang on GPUs, tp {ev.sglang_tp}"
                 )
             pool = ServerPool(list(urls.values()), timeout_s=3600)
-            args = checked_args(params, urls, pool, shape)
+            args = checked_args(params, urls, pool, spec)
             # second turns follow the plain server's greedy answer to the first, as a client sends them
             prompts = answered(
                 tokenizer, prompts, chat, lambda ids: _answer(pool, urls[PLAIN], ids, ev.max_new_tokens)
@@ -326,14 +380,13 @@ def evaluate_on_sglang(
     run = EvalRun()
     for (pid, ids), r in zip(batch, responses, strict=True):
         peer = _generation(r[PEER]) if PEER in r else None
-        run.results.append(PromptResult(pid, len(ids), _generation(r[PLAIN]), _generation(r[SPEC]), peer))
+        plain, drafted = _generation(r[PLAIN]), _generation(r[spec.kind])
+        run.results.append(PromptResult(pid, len(ids), plain, drafted, peer))
     dtype = str(args[PLAIN]["dtype"])
-    _judge_divergences(params, run, batch, dtype, shape.num_steps + 1)
+    _judge_divergences(params, run, batch, dtype, spec.depth + 1)
     categories = [p.category for p in prompts]
-    metrics = summarize(run, shape.num_steps, True) | summarize_spread(
-        run, categories, shape.num_steps, ev.seed
-    )
-    metrics["per_domain"] = per_domain(run, [p.domain for p in prompts], shape.num_steps, ev.seed)
+    metrics = summarize(run, spec.depth, True) | summarize_spread(run, categories, spec.depth, ev.seed)
+    metrics["per_domain"] = per_domain(run, [p.domain for p in prompts], spec.depth, ev.seed)
     for key in NOT_MEASURED:
         metrics.pop(key, None)
     version = args[PLAIN]["version"]
@@ -342,23 +395,29 @@ def evaluate_on_sglang(
         "engine": f"sglang {version}",
         "peer": "sglang NGRAM" if PEER in urls else None,
         "dtype": dtype,
-        "drafter_dtype": str(args[SPEC]["dtype"]),  # SGLang runs the drafter in the server's dtype
+        "drafter_dtype": str(args[spec.kind]["dtype"]),  # SGLang runs the drafter in the server's dtype
         "machine": where,
         "sglang_args": args,
     }
     if PEER in urls:
         metrics["ngram_acceptance_length"] = _ngram_acceptance(responses)
-    with safe_open(drafter_dir / "model.safetensors", "pt") as f:
-        t2d = f.get_tensor("t2d")
-    metrics["eval_coverage"] = eval_coverage(run, t2d)
-    rows = [_row(res, p, r) for res, p, r in zip(run.results, prompts, responses, strict=True)]
+    metrics["eval_coverage"] = eval_coverage(run, _draft_vocabulary(drafter_dir, spec))
+    rows = [_row(res, p, r, spec.kind) for res, p, r in zip(run.results, prompts, responses, strict=True)]
     tags = {"eval.backend": "sglang", "eval.engine": f"sglang {version}", "eval.machine": where}
     tags |= {f"eval.sglang_{kind}_args": json.dumps(a, sort_keys=True) for kind, a in args.items()}
     tags["eval.dtype"] = dtype
     report = [summary_line(metrics), domain_table(metrics), category_table(metrics), interval_line(metrics)]
     return EvalOutcome(
-        metrics, rows, tags, report, compared=("plain", "EAGLE-3"), engine="SGLang's speculative"
+        metrics, rows, tags, report, compared=("plain", spec.label), engine="SGLang's speculative"
     )
+
+
+def _draft_vocabulary(drafter_dir: Path, spec: SpecServer) -> torch.Tensor:
+    """t2d: the target tokens the drafter can propose (a DFlash drafter: all of them)."""
+    if spec.kind == "dflash":
+        return torch.ones(load_dflash_config(drafter_dir).vocab_size, dtype=torch.bool)
+    with safe_open(drafter_dir / "model.safetensors", "pt") as f:
+        return f.get_tensor("t2d")
 
 
 def summary_line(metrics: dict) -> str:

@@ -8,6 +8,8 @@ Shape names (recorded on SGLang 0.5.23, tests/fixtures/sglang/SPEC.md):
   tree, depth eval.k, eval.topk children, eval.tree_budget drafts: steps k, topk, budget + 1.
 SGLang picks its tree's draft tokens among topk + (k - 1) * topk^2 expanded candidates, so a
 budget above that cannot be served.
+DFLASH (a DFlash block drafter): only --speculative-algorithm DFLASH and the drafter; SGLang
+fixes num_steps and topk at 1 and verifies block_size tokens a step (the drafter's config).
 NGRAM (SGLang's n-gram speculation, the peer that needs no training): eval.prompt_lookup_tokens
 drafts per step -> --speculative-num-draft-tokens prompt_lookup_tokens + 1, SGLang's defaults
 for the rest (a BFS tree of up to 10 branches over an n-gram trie of everything it served).
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from eagle3.sglang.server_args import SUPPORTED_VERSIONS
 
-EAGLE3, NGRAM = "EAGLE3", "NGRAM"
+EAGLE3, DFLASH, NGRAM = "EAGLE3", "DFLASH", "NGRAM"
 # server args recorded with every result: what decides the numbers
 RECORDED_ARGS = (
     "dtype",
@@ -76,6 +78,11 @@ def eagle3_shape(mode: str, k: int, topk: int, tree_budget: int) -> SpecShape:
     return SpecShape(k, 1, k + 1)
 
 
+def dflash_shape(block_size: int) -> SpecShape:
+    """What a DFLASH server reports for a drafter of this block size (see the module doc)."""
+    return SpecShape(1, 1, block_size)
+
+
 def servable(shape: SpecShape) -> str | None:
     """Why SGLang cannot serve this shape, or None."""
     if shape.topk == 1:
@@ -91,6 +98,10 @@ def servable(shape: SpecShape) -> str | None:
 
 def eagle3_flags(drafter: str | Path, shape: SpecShape) -> list[str]:
     return ["--speculative-algorithm", EAGLE3, "--speculative-draft-model-path", str(drafter), *shape.flags()]
+
+
+def dflash_flags(drafter: str | Path) -> list[str]:
+    return ["--speculative-algorithm", DFLASH, "--speculative-draft-model-path", str(drafter)]
 
 
 def ngram_flags(draft_tokens: int) -> list[str]:

@@ -7,6 +7,8 @@ lives in eagle3/sglang/speculative.py, which eval.backend: sglang launches with)
       --speculative-num-draft-tokens k + 1 (the drafts plus the token they extend);
   tree (depth eval.k, eval.topk children, eval.tree_budget drafts): steps k, topk, budget + 1.
 vLLM's EAGLE-3 drafts a chain of `num_speculative_tokens`, so it gets k in both modes.
+A DFlash block drafter (drafter.kind: dflash) takes no shape flags: SGLang's DFLASH and vLLM's
+dflash method verify its block (block_size tokens: block_size - 1 drafts) every step.
 """
 
 from __future__ import annotations
@@ -22,18 +24,17 @@ from eagle3.core.params import Params, ParamsError, load_params
 
 def drafter_folder(params: Params, drafter: str | None = None) -> Path:
     """The drafter to serve: the argument, else eval.drafter, else the train stage's, refused as
-    speculative-eval refuses it and unless it is EAGLE-3."""
+    speculative-eval refuses it: an export of the family drafter.kind names."""
     # imported here, not above: they load torch, and every `eagle3` subcommand imports this module
     from eagle3.decoding.setup import eval_drafter
-    from eagle3.drafter.config import ARCHITECTURE
-    from eagle3.drafter.export import CONFIG
+    from eagle3.drafter.dflash_export import check_drafter_kind
 
     folder = eval_drafter(params, drafter)
-    architectures = json.loads((folder / CONFIG).read_text()).get("architectures", [])
-    if architectures != [ARCHITECTURE]:
-        raise ValueError(
-            f"{folder / CONFIG}: architectures is {architectures}, not an EAGLE-3 drafter export"
-        )
+    check_drafter_kind(
+        folder,
+        params.drafter.kind,
+        "--drafter" if drafter else "eval.drafter" if params.eval.drafter else None,
+    )
     return folder.resolve()
 
 
@@ -49,6 +50,8 @@ def serve_commands(
         raise ValueError(f"--tp must be >= 1 (got {tp})")
     folder = str(drafter_folder(params, drafter))
     target = resolve_target(params.target.source)
+    if params.drafter.kind == "dflash":
+        return _dflash_commands(folder, target, tp, port)
     ev = params.eval
     shape = eagle3_shape(ev.mode, ev.k, ev.topk, ev.tree_budget)  # as eval.backend sglang serves it
     sglang = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(tp)]
@@ -67,6 +70,20 @@ def serve_commands(
             "branch onto EAGLE-3 trees, so expect the speed measured with eval.lookup_tokens: 0"
         )
     return {"sglang": shlex.join(sglang), "vllm": shlex.join(vllm), "notes": "\n".join(notes)}
+
+
+def _dflash_commands(folder: str, target: str, tp: int, port: int) -> dict[str, str]:
+    from eagle3.drafter.dflash_export import load_dflash_config
+    from eagle3.sglang.speculative import dflash_flags
+
+    block = load_dflash_config(folder).block_size
+    sglang = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(tp)]
+    sglang += ["--port", str(port), *dflash_flags(folder)]
+    spec = {"method": "dflash", "model": folder, "num_speculative_tokens": block - 1}
+    vllm = ["vllm", "serve", target, "--tensor-parallel-size", str(tp), "--port", str(port)]
+    vllm += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    note = f"a DFlash block of {block}: {block - 1} drafts a step (eval.mode, k, topk: EAGLE-3's)"
+    return {"sglang": shlex.join(sglang), "vllm": shlex.join(vllm), "notes": note}
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
