@@ -152,7 +152,7 @@ def test_the_stage_measures_an_exported_dflash_drafter_on_sglang(tmp_path):
         "domains": {"chat": 1, "code": 1},
         "max_new_tokens": 16,
     }
-    ev |= {"dtype": "float32", "prompt_lookup": False, "sglang_python": SGLANG_PYTHON}
+    ev |= {"dtype": "float32", "prompt_lookup": False, "lookup_tokens": 0, "sglang_python": SGLANG_PYTHON}
     raw = {"drafter": {"kind": "dflash"}, "eval": ev, "tracking": {"enabled": False}}
     project, done = run_stage(tmp_path, raw)
     assert done.returncode == 0, done.stderr[-3000:]
