@@ -569,8 +569,10 @@ def stage_runner(tmp_path: Path, raw: dict):
 
 
 def stages_in(project: Path):
-    """Runs `project`'s stages as DVC does (python -m stages.X)."""
+    """Runs `project`'s stages as DVC does (python -m stages.X), on one torch thread: the online
+    drafter equals the store's only at equal threads, and at one (docs/features.md)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["OMP_NUM_THREADS"] = "1"
 
     def stage(name: str) -> subprocess.CompletedProcess:
         return subprocess.run(
