@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from eagle3.core.device import machine
 from eagle3.core.params import ParamsError, TargetParams, parse_params
+from eagle3.decoding.dflash import setup_class, with_drafter_of_its_family
 from eagle3.decoding.domains import load_domains, token_counter
 from eagle3.decoding.engine import greedy_decode
 from eagle3.decoding.evaluate import run_comparison, summarize
@@ -52,13 +53,14 @@ def load_pair(
 def load_drafters(
     source: str, dtype: str, paths: dict[str, Path], drafter_dtype: str
 ) -> dict[str, DecodingSetup]:
-    """Several drafters on one loaded target, each in the first's dtype and packing ({name:
-    setup}, in the order given); the first may be a folder without an export (a random drafter:
-    the engine's overhead)."""
+    """Several drafters, EAGLE-3 or DFlash, on one loaded target, each in the first's dtype and
+    packing ({name: setup}, in the order given); the first may be a folder without an export (a
+    random EAGLE-3 drafter: the engine's overhead)."""
     first, *others = paths
     folder = paths[first] if (paths[first] / "config.json").exists() else None
-    setups = {first: DecodingSetup.load(TargetParams(source=source, dtype=dtype), folder, drafter_dtype)}
-    return setups | {name: setups[first].with_drafter(paths[name]) for name in others}
+    cls = setup_class(folder) if folder else DecodingSetup
+    setups = {first: cls.load(TargetParams(source=source, dtype=dtype), folder, drafter_dtype)}
+    return setups | {name: with_drafter_of_its_family(setups[first], paths[name]) for name in others}
 
 
 def mtbench_prompts(target: Target, n: int) -> list[tuple[str, list[int]]]:

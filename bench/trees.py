@@ -7,11 +7,14 @@ lookup, in one run.
         --shapes 4m:chain:2 4m:tree:2:4:6 deep:chain:3 deep:chain:5 deep:tree:5:4:8 [--json FILE]
     python -m bench.trees --drafter a=DIR --drafter b=DIR --shapes a:chain:3 b:chain:3 ...
         --domains chat=12,code=24,math=24,long=4      # speculative-eval's domains, figures per domain
+    python -m bench.trees --drafter e3=DIR --drafter df=DFLASH_DIR --shapes e3:tree:5:8:16 df:block
 
 A shape is `[NAME:]chain:K` or `[NAME:]tree:K:TOPK:BUDGET[:LOOKUP]` (eval.k, eval.topk,
-eval.tree_budget, eval.lookup_tokens: a prompt-lookup branch grafted onto the tree); NAME picks
-a drafter given as `--drafter NAME=DIR` (default: the first). A shape deeper than its drafter's
-trained TTT length is measured with a warning (its extra steps were never trained). Each prompt
+eval.tree_budget, eval.lookup_tokens: a prompt-lookup branch grafted onto the tree) for an
+EAGLE-3 drafter, `[NAME:]block` for a DFlash one (its block, one drafter forward a step); NAME
+picks a drafter given as `--drafter NAME=DIR` (default: the first). Both families decode on one
+loaded target. A shape deeper than its drafter's trained TTT length is measured with a warning
+(its extra steps were never trained). Each prompt
 is decoded by every decoder back to back, in rotating order, so machine noise hits all alike;
 every speculative output must equal plain greedy's (the run stops otherwise). Prints, per shape
 (per domain with --domains), the acceptance length with its 95% bootstrap interval over prompts,
@@ -39,23 +42,40 @@ from eagle3.core.device import machine
 from eagle3.decoding.engine import Generation, greedy_decode
 from eagle3.decoding.evaluate import Diverged, decode_prompts, prompt_lookup_decode
 from eagle3.decoding.setup import depth_warning
+from eagle3.drafter.dflash_export import drafter_kind
 from eagle3.drafter.export import trained_ttt_length
 
-MODES = ("chain", "tree")
+MODES = ("chain", "tree", "block")
+SHAPE_FORMS = "[NAME:]chain:K, [NAME:]tree:K:TOPK:BUDGET[:LOOKUP] (EAGLE-3) or [NAME:]block (DFlash)"
 
 
 def parse_shape(text: str) -> tuple[str | None, dict]:
-    """`[NAME:]chain:K` or `[NAME:]tree:K:TOPK:BUDGET[:LOOKUP]` -> (drafter name or None,
-    SpecEngine settings)."""
+    """`[NAME:]chain:K`, `[NAME:]tree:K:TOPK:BUDGET[:LOOKUP]` or `[NAME:]block` -> (drafter name
+    or None, engine settings)."""
     fields = text.split(":")
     name = None if fields[0] in MODES else fields.pop(0)
     mode, *numbers = fields or [""]
+    if mode == "block" and not numbers:
+        return name, {"mode": "block"}
     if mode == "chain" and len(numbers) == 1:
         return name, {"mode": "chain", "k": int(numbers[0])}
     if mode == "tree" and len(numbers) in (3, 4):
         k, topk, budget, lookup = map(int, numbers + ["0"] * (4 - len(numbers)))
         return name, {"mode": "tree", "k": k, "topk": topk, "tree_budget": budget, "lookup_tokens": lookup}
-    raise SystemExit(f"bad shape {text!r}: expected [NAME:]chain:K or [NAME:]tree:K:TOPK:BUDGET[:LOOKUP]")
+    raise SystemExit(f"bad shape {text!r}: expected {SHAPE_FORMS}")
+
+
+def family(folder: Path) -> str:
+    """eagle3 or dflash; a folder without an export is a random EAGLE-3 drafter."""
+    return drafter_kind(folder) if (folder / "config.json").exists() else "eagle3"
+
+
+def check_family(text: str, name: str, settings: dict, kind: str) -> None:
+    """A block shape needs a DFlash drafter, a chain or a tree an EAGLE-3 one."""
+    wants = "dflash" if settings["mode"] == "block" else "eagle3"
+    if kind != wants:
+        form = "[NAME:]block" if kind == "dflash" else "[NAME:]chain:K or [NAME:]tree:K:TOPK:BUDGET[:LOOKUP]"
+        raise SystemExit(f"shape {text!r}: drafter {name!r} is {kind}, whose shapes are {form}")
 
 
 def parse_drafters(specs: list[str]) -> dict[str, Path]:
@@ -99,15 +119,18 @@ def main() -> None:
     paths = parse_drafters(args.drafter or ["drafters/smollm2-135m-instruct-4m"])
     first = next(iter(paths))
     shapes: dict[str, tuple[str, dict]] = {}
+    kinds: dict[str, str] = {}
     for text in args.shapes:
         name, settings = parse_shape(text)
         name = name or first
         if name not in paths:
             raise SystemExit(f"shape {text!r}: no --drafter named {name!r} (named: {', '.join(paths)})")
+        check_family(text, name, settings, kinds.setdefault(name, family(paths[name])))
         label = text if len(paths) == 1 or text.startswith(f"{name}:") else f"{name}:{text}"
         shapes[label] = (name, settings)
     for label, (name, settings) in shapes.items():
-        if (paths[name] / "config.json").exists():  # a random drafter (no config) has no depth
+        # a random drafter (no config) has no depth; a DFlash one drafts its trained block
+        if settings["mode"] != "block" and (paths[name] / "config.json").exists():
             if warning := depth_warning(settings["k"], trained_ttt_length(paths[name], default=1)):
                 print(f"{label}: {warning}")
 
@@ -117,6 +140,9 @@ def main() -> None:
         random = "" if (path / "config.json").exists() else " (random: measures overhead)"
         print(f"drafter {name}: {path}{random}")
     print(f"drafters in {str(setups[first].drafter_dtype).removeprefix('torch.')}")
+    for name, settings in shapes.values():
+        if settings["mode"] == "block":
+            settings["block_size"] = setups[name].drafter.cfg.block_size
     target, eos = setups[first].target, setups[first].eos
     engines = {label: setups[name].engine(**settings) for label, (name, settings) in shapes.items()}
     n = args.tokens
@@ -138,7 +164,10 @@ def main() -> None:
         rows = decode_prompts(decoders, prompts, must_match=list(engines))
     except Diverged as err:
         raise SystemExit(f"{err.name} diverged from plain greedy on prompt {err.index}") from None
-    depths = {label: s["k"] for label, (_, s) in shapes.items()}
+    depths = {
+        label: engine.max_depth if shapes[label][1]["mode"] == "block" else shapes[label][1]["k"]
+        for label, engine in engines.items()
+    }
     by_domain = {}
     for domain in dict.fromkeys(domains):
         part = [row for row, d in zip(rows, domains, strict=True) if d == domain]
@@ -156,8 +185,9 @@ def main() -> None:
             "ttt_lengths": {
                 name: trained_ttt_length(path, default=1)
                 for name, path in paths.items()
-                if (path / "config.json").exists()
+                if (path / "config.json").exists() and kinds.get(name) == "eagle3"
             },
+            "kinds": {name: kinds.get(name, family(path)) for name, path in paths.items()},
             "train_params": {name: _params(path) for name, path in paths.items()},
             "settings": {label: {"drafter": name, **s} for label, (name, s) in shapes.items()},
             "prompts": {d: domains.count(d) for d in by_domain},

@@ -31,6 +31,8 @@ NOT_TRAINING = ("train.ttt_length", "eval.", "tracking.", "dtypes.")
 
 
 def shape_name(settings: dict[str, Any]) -> str:
+    if settings["mode"] == "block":  # a DFlash drafter's one-forward block
+        return f"block {settings['block_size']}"
     if settings["mode"] == "chain":
         return f"chain {settings['k']}"
     lookup = settings.get("lookup_tokens") or 0
