@@ -199,17 +199,7 @@ class DFlashSetup(DecodingSetup):
         return DFlashEngine.for_target(self.target, self.drafter, **kept)
 
 
-def setup_class(drafter_dir: Path) -> type[DecodingSetup]:
-    """The decoding setup of the drafter's family (its config.json's architecture)."""
-    return DFlashSetup if drafter_kind(drafter_dir) == "dflash" else DecodingSetup
-
-
 def setup_for_eval(params: Params, drafter_dir: Path) -> DecodingSetup:
-    return setup_class(drafter_dir).for_eval(params, drafter_dir)
-
-
-def with_drafter_of_its_family(base: DecodingSetup, drafter_dir: Path) -> DecodingSetup:
-    """`drafter_dir`'s drafter, of either family, on `base`'s loaded target, in its dtype and
-    packing: an EAGLE-3 and a DFlash drafter compared in one run share one target. Each family's
-    with_drafter reads only the target, dtype and packing, which every setup has."""
-    return setup_class(drafter_dir).with_drafter(base, drafter_dir)
+    """The decoding setup of the drafter's family (its config.json's architecture)."""
+    cls = DFlashSetup if drafter_kind(drafter_dir) == "dflash" else DecodingSetup
+    return cls.for_eval(params, drafter_dir)
