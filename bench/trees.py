@@ -140,6 +140,8 @@ def main() -> None:
         random = "" if (path / "config.json").exists() else " (random: measures overhead)"
         print(f"drafter {name}: {path}{random}")
     print(f"drafters in {str(setups[first].drafter_dtype).removeprefix('torch.')}")
+    for name, path in paths.items():  # a drafter named in no shape too
+        kinds.setdefault(name, family(path))
     for name, settings in shapes.values():
         if settings["mode"] == "block":
             settings["block_size"] = setups[name].drafter.cfg.block_size
@@ -185,9 +187,9 @@ def main() -> None:
             "ttt_lengths": {
                 name: trained_ttt_length(path, default=1)
                 for name, path in paths.items()
-                if (path / "config.json").exists() and kinds.get(name) == "eagle3"
+                if (path / "config.json").exists() and kinds[name] == "eagle3"
             },
-            "kinds": {name: kinds.get(name, family(path)) for name, path in paths.items()},
+            "kinds": kinds,
             "train_params": {name: _params(path) for name, path in paths.items()},
             "settings": {label: {"drafter": name, **s} for label, (name, s) in shapes.items()},
             "prompts": {d: domains.count(d) for d in by_domain},
