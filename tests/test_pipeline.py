@@ -95,6 +95,16 @@ def test_vocab_experiment_skips_patch_check_and_extract(project):
     assert "small-vocab" in json.dumps(shown) and "coverage" in json.dumps(shown)
 
 
+def test_a_family_key_that_leaves_the_layers_alone_skips_the_extraction(project):
+    # under drafter.kind eagle3, dflash.num_layers names no layer captured: patch-check re-runs on
+    # it and writes the same report, the extraction's only say in which layers, so DVC skips it
+    out = dvc(
+        "exp", "run", "--temp", "extract", "-S", "dflash.num_layers=3", "-n", "dflash-shape", cwd=project
+    )
+    assert "Running stage 'patch-check'" in out.stdout
+    assert "Stage 'extract' didn't change, skipping" in out.stdout
+
+
 def test_temp_dir_experiment_is_tracked_at_the_repo_root(project):
     # --temp runs in a throw-away copy, as queued experiments do; the run must land in the repo's store
     dvc("exp", "run", "--temp", "vocab-map", "-S", "vocab.size=100", "-n", "temp-vocab", cwd=project)

@@ -194,15 +194,17 @@ STAGES: tuple[Stage, ...] = (
                 "left here.",
             ),
         ),
-        params=(
-            "target",
-            "data",
-            "extract",
-            Entry("drafter.kind", note="the layers captured, as patch-check resolves them"),
-            "dflash.target_layers",
-            "dflash.num_layers",
+        params=("target", "data", "extract"),
+        reads=(
+            dtype_record("prefill"),
+            Entry(
+                PATCH_REPORT.as_posix(),
+                above="the layers captured: the report's fingerprint, as patch-check resolves them from "
+                "extract.aux_layers or, under drafter.kind dflash, dflash.target_layers / num_layers. No "
+                "params of their own here: a family key that leaves the layers as they are rewrites the "
+                "same report, and DVC skips the extraction.",
+            ),
         ),
-        reads=(dtype_record("prefill"), PATCH_REPORT),
     ),
     Stage(
         "vocab-map",
