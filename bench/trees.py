@@ -119,13 +119,13 @@ def main() -> None:
     paths = parse_drafters(args.drafter or ["drafters/smollm2-135m-instruct-4m"])
     first = next(iter(paths))
     shapes: dict[str, tuple[str, dict]] = {}
-    kinds: dict[str, str] = {}
+    kinds = {name: family(path) for name, path in paths.items()}
     for text in args.shapes:
         name, settings = parse_shape(text)
         name = name or first
         if name not in paths:
             raise SystemExit(f"shape {text!r}: no --drafter named {name!r} (named: {', '.join(paths)})")
-        check_family(text, name, settings, kinds.setdefault(name, family(paths[name])))
+        check_family(text, name, settings, kinds[name])
         label = text if len(paths) == 1 or text.startswith(f"{name}:") else f"{name}:{text}"
         shapes[label] = (name, settings)
     for label, (name, settings) in shapes.items():
@@ -140,8 +140,6 @@ def main() -> None:
         random = "" if (path / "config.json").exists() else " (random: measures overhead)"
         print(f"drafter {name}: {path}{random}")
     print(f"drafters in {str(setups[first].drafter_dtype).removeprefix('torch.')}")
-    for name, path in paths.items():  # a drafter named in no shape too
-        kinds.setdefault(name, family(path))
     for name, settings in shapes.values():
         if settings["mode"] == "block":
             settings["block_size"] = setups[name].drafter.cfg.block_size

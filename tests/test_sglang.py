@@ -569,8 +569,8 @@ def stage_runner(tmp_path: Path, raw: dict):
 
 
 def stages_in(project: Path):
-    """Runs `project`'s stages as DVC does (python -m stages.X), on one torch thread: the online
-    drafter equals the store's only at equal threads, and at one (docs/features.md)."""
+    """Runs `project`'s stages as DVC does (python -m stages.X), on one torch thread: online
+    training compares its drafter's bytes with the store's at equal thread counts (docs/features.md)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env["OMP_NUM_THREADS"] = "1"
 

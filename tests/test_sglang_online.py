@@ -66,7 +66,7 @@ class Down:
 def start_train(project: Path, log: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env["EAGLE3_SGLANG_POLL_S"] = "0.2"
-    env["OMP_NUM_THREADS"] = "1"  # as the store's train ran (stages_in): equal bytes need it
+    env["OMP_NUM_THREADS"] = "1"  # as the store's train ran (stages_in): bytes compared at equal threads
     return subprocess.Popen(
         [sys.executable, "-m", "stages.train"], cwd=project, env=env, stderr=log.open("w"), text=True
     )
