@@ -18,13 +18,12 @@ from typing import NamedTuple
 
 from eagle3.core.device import machine
 from eagle3.core.params import ParamsError, TargetParams, parse_params
-from eagle3.decoding.dflash import DFlashSetup
+from eagle3.decoding.dflash import setup_class
 from eagle3.decoding.domains import load_domains, token_counter
 from eagle3.decoding.engine import greedy_decode
 from eagle3.decoding.evaluate import run_comparison, summarize
 from eagle3.decoding.prompts import answered, load_prompts, render_prompts
 from eagle3.decoding.setup import DecodingSetup
-from eagle3.drafter.dflash_export import drafter_kind
 from eagle3.dtypes.probes import DTYPES
 from eagle3.target.load import Target, has_chat_template
 
@@ -49,11 +48,6 @@ def load_pair(
     else:
         print("drafter: random (no exported drafter found): measures overhead, not speedup")
     return setup
-
-
-def setup_class(drafter_dir: Path) -> type[DecodingSetup]:
-    """The decoding setup of the drafter's family (its config.json's architecture)."""
-    return DFlashSetup if drafter_kind(drafter_dir) == "dflash" else DecodingSetup
 
 
 def with_drafter_of_its_family(base: DecodingSetup, drafter_dir: Path) -> DecodingSetup:

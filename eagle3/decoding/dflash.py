@@ -199,7 +199,11 @@ class DFlashSetup(DecodingSetup):
         return DFlashEngine.for_target(self.target, self.drafter, **kept)
 
 
-def setup_for_eval(params: Params, drafter_dir: Path) -> DecodingSetup:
+def setup_class(drafter_dir: Path) -> type[DecodingSetup]:
     """The decoding setup of the drafter's family (its config.json's architecture)."""
-    cls = DFlashSetup if drafter_kind(drafter_dir) == "dflash" else DecodingSetup
-    return cls.for_eval(params, drafter_dir)
+    return DFlashSetup if drafter_kind(drafter_dir) == "dflash" else DecodingSetup
+
+
+def setup_for_eval(params: Params, drafter_dir: Path) -> DecodingSetup:
+    """The drafter's decoding setup, of its family, for speculative-eval's params."""
+    return setup_class(drafter_dir).for_eval(params, drafter_dir)

@@ -121,52 +121,40 @@ class SpecServer:
 
 def drafter_refusal(drafter_dir: Path, target_config) -> str | None:
     """Why SGLang would not load this drafter as it was trained (some of these it loads
-    silently wrong), or None."""
+    silently wrong), or None. Both families share the target's embedding and read target layers
+    SGLang must capture; a DFlash drafter borrows the target's head too."""
     raw = json.loads((drafter_dir / "config.json").read_text())
+    dflash = raw.get("architectures") == [DFLASH_ARCHITECTURE]
+    if not dflash:
+        if raw.get("architectures") != ["LlamaForCausalLMEagle3"]:
+            return (
+                f"architectures is {raw.get('architectures')}, SGLang's EAGLE-3 drafter is "
+                "LlamaForCausalLMEagle3"
+            )
+        if raw.get("tie_word_embeddings"):
+            return "tie_word_embeddings is true: SGLang would use the embedding as the drafter's lm_head"
+        if not raw.get("draft_vocab_size"):
+            why = "SGLang would load the target's lm_head in place of the drafter's"
+            return f"draft_vocab_size is missing: {why}"
+    if not (drafter_dir / "model.safetensors").exists():
+        return "model.safetensors is missing"
     hidden = getattr(target_config, "hidden_size", None)
-    layers = getattr(target_config, "num_hidden_layers", None)
+    if hidden is not None and raw.get("hidden_size") != hidden:
+        shared = "it drafts through the target's embedding and head"
+        why = shared if dflash else "SGLang shares the target's embedding"
+        return f"hidden_size {raw.get('hidden_size')} != the target's {hidden}: {why}"
     vocab = getattr(target_config, "vocab_size", None)
-    if raw.get("architectures") == [DFLASH_ARCHITECTURE]:
-        return _dflash_refusal(drafter_dir, raw, hidden, layers, vocab)
-    if raw.get("architectures") != ["LlamaForCausalLMEagle3"]:
-        return (
-            f"architectures is {raw.get('architectures')}, SGLang's EAGLE-3 drafter is LlamaForCausalLMEagle3"
-        )
-    if raw.get("tie_word_embeddings"):
-        return "tie_word_embeddings is true: SGLang would use the embedding as the drafter's lm_head"
-    if not raw.get("draft_vocab_size"):
-        return "draft_vocab_size is missing: SGLang would load the target's lm_head in place of the drafter's"
-    if not (drafter_dir / "model.safetensors").exists():
-        return "model.safetensors is missing"
-    if hidden is not None and raw.get("hidden_size") != hidden:
-        why = "SGLang shares the target's embedding"
-        return f"hidden_size {raw.get('hidden_size')} != the target's {hidden}: {why}"
     if vocab is not None and raw.get("vocab_size") != vocab:
         return f"vocab_size {raw.get('vocab_size')} != the target's {vocab}"
-    config = load_drafter_config(drafter_dir)
-    if layers is not None and max(config.aux_layer_ids) >= layers - 1:
+    if dflash:
+        read, ids = "target_layer_ids", load_dflash_config(drafter_dir).target_layer_ids
+    else:
+        read, ids = "aux layers", load_drafter_config(drafter_dir).aux_layer_ids
+    layers = getattr(target_config, "num_hidden_layers", None)
+    if layers is not None and max(ids) >= layers - 1:
         return (
-            f"aux layers {config.aux_layer_ids}: SGLang captures layer L as the input of layer L + 1, so "
-            f"the target's last layer ({layers - 1}) cannot be one"
-        )
-    return None
-
-
-def _dflash_refusal(drafter_dir: Path, raw: dict, hidden, layers, vocab) -> str | None:
-    """drafter_refusal for a DFlash drafter: it borrows the target's embedding and lm_head and
-    reads target layers SGLang must capture."""
-    if not (drafter_dir / "model.safetensors").exists():
-        return "model.safetensors is missing"
-    if hidden is not None and raw.get("hidden_size") != hidden:
-        why = "it drafts through the target's embedding and head"
-        return f"hidden_size {raw.get('hidden_size')} != the target's {hidden}: {why}"
-    if vocab is not None and raw.get("vocab_size") != vocab:
-        return f"vocab_size {raw.get('vocab_size')} != the target's {vocab}"
-    config = load_dflash_config(drafter_dir)
-    if layers is not None and max(config.target_layer_ids) >= layers - 1:
-        return (
-            f"target_layer_ids {config.target_layer_ids}: SGLang captures layer L as the input of layer "
-            f"L + 1, so the target's last layer ({layers - 1}) cannot be one"
+            f"{read} {ids}: SGLang captures layer L as the input of layer L + 1, so the target's last "
+            f"layer ({layers - 1}) cannot be one"
         )
     return None
 
