@@ -2,7 +2,8 @@
 
 A DFlash drafter (drafter.kind dflash) drafts through the target's own lm_head: its mapping is the
 whole vocabulary whatever vocab.size says, written with the same bytes for every vocab.size, so
-that DVC finds train's input unchanged."""
+that DVC finds train's input unchanged. vocab.json records the family's params train depends on
+(eagle3/drafter/family.py): train lists none of the family keys and checks this record instead."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from eagle3.core.stage_commit import staged_outputs
 from eagle3.core.stageio import write_csv, write_json
 from eagle3.core.tracking import pipeline_run
 from eagle3.data.store import MANIFEST, FeatureStore
+from eagle3.drafter.family import family_record
 from eagle3.drafter.warm_start import adopt_vocab_map, read_init_drafter
 from eagle3.target.load import load_target_config
 from eagle3.vocab import build_vocab_map, count_tokens, coverage_curve, save_vocab_map
@@ -58,10 +60,8 @@ def main() -> None:
             # what train checks, so a mapping of another run or another vocab.size is refused
             "features_manifest_sha256": hashlib.sha256((FEATURES / MANIFEST).read_bytes()).hexdigest(),
         }
-        if dflash:  # no vocab.size in its bytes: any vocab.size gives this very mapping
-            meta |= {"drafter_kind": "dflash"}
-        else:
-            meta |= {"vocab_size_param": params.vocab.size}
+        # the family's keys train depends on (and not the other family's): train checks them
+        meta |= family_record(params)
         if init is not None:  # train refuses a mapping adopted from another version of the folder
             meta |= {"init": init.folder, "init_sha256": init.sha256}
         save_vocab_map(vocab, staged.path(VOCAB_MAP), meta)

@@ -106,6 +106,17 @@ def test_vocab_map_writes_the_whole_vocabulary_whatever_vocab_size_says(project,
     assert digests(copy / "artifacts/vocab-map") == before  # DVC finds train's input unchanged
 
 
+def test_train_refuses_a_mapping_recorded_for_other_dflash_params(project, tmp_path):
+    # train lists no dflash key: vocab-map records them in vocab.json, train's dep, and train
+    # refuses a record that is not its params' (a hand run that skipped vocab-map)
+    copy = copy_project(project, tmp_path)
+    params(copy, dflash={"loss_decay": 2.0})
+    before = digests(copy / "artifacts/train/drafter")
+    line = refused(copy, "train")
+    assert "was built for dflash.loss_decay 4.0, params have 2.0" in line and "dvc repro vocab-map" in line
+    assert digests(copy / "artifacts/train/drafter") == before
+
+
 def test_speculative_eval_decodes_losslessly_by_block_position(project):
     m = metrics(project, "speculative-eval")
     assert m["lossless"] is True and m["greedy_match"] == 1.0

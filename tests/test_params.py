@@ -154,6 +154,11 @@ def test_params_explain_prints_a_keys_meaning(capsys):
         "  allowed: int (>= 1, <= 32); default: 1",
         "  re-runs: train, speculative-eval",
     ]
+    # a family key is listed by vocab-map alone, which records it for train (eagle3/drafter/family.py)
+    assert cli(["params", "explain", "dflash.loss_decay"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  re-runs: vocab-map; then, where their outputs change, train, speculative-eval"
+    )
     assert cli(["params", "explain", "online.recheck_every"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "  re-runs nothing (no stage lists it); changes no byte: how often a sample is computed again to "

@@ -4,6 +4,7 @@ stage skipping, experiment tracking (workspace and temp-dir experiments), bad pa
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,26 @@ def test_a_family_key_that_leaves_the_layers_alone_skips_the_extraction(project)
     )
     assert "Running stage 'patch-check'" in out.stdout
     assert "Stage 'extract' didn't change, skipping" in out.stdout
+
+
+def test_a_key_of_the_other_family_reruns_vocab_map_alone(project, tmp_path):
+    # train lists no family key: vocab-map lists them all and records the family's own in
+    # vocab.json, train's dep (eagle3/drafter/family.py). Under eagle3 a dflash key re-runs
+    # vocab-map to the same bytes, and DVC skips train. In a copy: the baseline has no train run.
+    copy = tmp_path / "copy"
+    shutil.copytree(project, copy, symlinks=True)
+    dvc("repro", "train", cwd=copy)
+    mapping = (copy / "artifacts/vocab-map/vocab.json").read_bytes()
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["dflash"]["loss_decay"] = params["dflash"]["loss_decay"] / 2
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = dvc("repro", "train", cwd=copy).stdout
+    assert "Running stage 'vocab-map'" in out
+    assert "Stage 'train' didn't change, skipping" in out
+    assert (copy / "artifacts/vocab-map/vocab.json").read_bytes() == mapping
+    params["vocab"]["size"] -= 100  # the family's own key: a new mapping, a new drafter
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert "Running stage 'train'" in dvc("repro", "train", cwd=copy).stdout
 
 
 def test_temp_dir_experiment_is_tracked_at_the_repo_root(project):

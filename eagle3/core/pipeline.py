@@ -228,6 +228,12 @@ STAGES: tuple[Stage, ...] = (
                 "replaced in place at the same path: `dvc repro -f vocab-map train`.",
             ),
             Entry("drafter.kind", note="dflash: the whole vocabulary, whatever vocab.size says"),
+            Entry(
+                "dflash",
+                above="the family's keys train depends on go into vocab.json (eagle3/drafter/family.py), "
+                "not into train's params: a key of the other family re-runs this stage to the same bytes, "
+                "and DVC skips train",
+            ),
         ),
         plots=(
             plot(
@@ -258,11 +264,8 @@ STAGES: tuple[Stage, ...] = (
                 "target",
                 note="an online store's features come from the target; a warm start checks its source",
             ),
-            "vocab.size",
             Entry("extract.batch_tokens", note="online hf: the forward extraction would run"),
             "extract.pack_weights",
-            Entry("drafter.kind", note="which drafter family it trains"),
-            Entry("dflash", note="the DFlash drafter's shape, block, mask token and block-wise loss"),
         ),
         plots=(
             plot(TRAIN_CURVE, "step", "loss", "Training loss per step (mean over TTT positions)"),
@@ -348,6 +351,20 @@ UNLISTED_READS: dict[tuple[str, str, str], str] = {
         "resolve aux layers with it list the key (an online sglang train refuses servers whose layers "
         "differ from the store's)"
     ),
+    **{
+        ("train", key, "*"): (
+            "the drafter family's keys: vocab-map lists them and records the family's in vocab.json "
+            "(eagle3/drafter/family.py), train's dep, and train refuses a record that is not its params'"
+        )
+        for key in ("drafter.kind", "vocab.size", "dflash")
+    },
+    **{
+        ("dtypes", key, "eagle3/drafter/family.py"): (
+            "family_record, called by train's input checks in eagle3/train/prepare.py; dtypes imports that "
+            "module for dtype_shapes alone"
+        )
+        for key in ("drafter.kind", "dflash")
+    },
     ("*", "drafter.kind", "eagle3/core/params.py"): (
         "check_against_target resolves the layers the drafter family reads and checks them, before any "
         "work; the stages that capture or train list the key"

@@ -3,7 +3,8 @@
 The features, the vocab mapping and the patch-check report each carry the fingerprint of the
 target they were made with; training a drafter across two targets or two tokenizers would
 give a model that silently never accepts anything. The vocab mapping also records the features
-it was counted from and its vocab.size, so a mapping copied from another run is refused too.
+it was counted from and its drafter family's params (eagle3/drafter/family.py), so a mapping
+copied from another run is refused too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from eagle3.core.inputs import InputError
 from eagle3.drafter.config import DrafterConfig
+from eagle3.drafter.family import record_mismatch
 from eagle3.target.fingerprint import Fingerprint
 from eagle3.vocab import draft_to_target_ids
 
@@ -29,16 +31,16 @@ def check_inputs(
     t2d: torch.Tensor,
     cfg: DrafterConfig,
     features_sha256: str | None = None,
-    vocab_size: int | None = None,
+    family: dict | None = None,
     target_tokenizer_sha256: str | None = None,
 ) -> None:
     """Raise InputError naming the first input made for another target / tokenizer / run.
 
-    `features_sha256` (of the features' manifest.json) and `vocab_size` (params vocab.size) are
-    checked against what the mapping recorded; `target_tokenizer_sha256` is the tokenizer of
+    `features_sha256` (of the features' manifest.json) and `family` (family_record of the params)
+    are checked against what the mapping recorded; `target_tokenizer_sha256` is the tokenizer of
     the target as it is now, checked against the one the features were made with."""
     _check_features(report_fp, features_fp, features_aux, cfg, target_tokenizer_sha256)
-    _check_mapping(report_fp, mapping_meta, d2t, t2d, cfg, features_sha256, vocab_size)
+    _check_mapping(report_fp, mapping_meta, d2t, t2d, cfg, features_sha256, family)
 
 
 def _check_features(
@@ -92,9 +94,9 @@ def _check_mapping(
     t2d: torch.Tensor,
     cfg: DrafterConfig,
     features_sha256: str | None,
-    vocab_size: int | None,
+    family: dict | None,
 ) -> None:
-    """The vocab mapping against the features it was counted from, params' vocab.size, the
+    """The vocab mapping against the features it was counted from, the family's params, the
     target's tokenizer and vocabulary, and itself (d2t and t2d agree)."""
     rerun_vocab = "re-run the vocab-map stage on this target's features (dvc repro vocab-map)"
     made_from = mapping_meta.get("features_manifest_sha256")
@@ -103,11 +105,10 @@ def _check_mapping(
             "the vocab mapping (artifacts/vocab-map/vocab.json) was counted from other features than "
             f"artifacts/extract/manifest.json (another run's?); {rerun_vocab}"
         )
-    size_then = mapping_meta.get("vocab_size_param")
-    if vocab_size is not None and size_then is not None and size_then != vocab_size:
+    if family is not None and (why := record_mismatch(mapping_meta, family)):
         raise InputError(
-            f"the vocab mapping (artifacts/vocab-map/vocab.json) was built for vocab.size {size_then}, "
-            f"params have {vocab_size} (another run's?); {rerun_vocab}"
+            f"the vocab mapping (artifacts/vocab-map/vocab.json) was built for {why} (another run's?); "
+            + rerun_vocab
         )
     tok = mapping_meta.get("tokenizer_sha256")
     if tok is not None and tok != report_fp.tokenizer_sha256:

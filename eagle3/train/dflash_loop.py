@@ -25,6 +25,7 @@ from eagle3.core.stageio import sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.dflash import DFlashConfig, DFlashDrafter, resolve_mask_token
 from eagle3.drafter.dflash_cost import dflash_train_flops_per_token, dflash_training_memory
+from eagle3.drafter.family import family_record
 from eagle3.target.fingerprint import read_fingerprint
 from eagle3.target.load import load_target_config, resolve_target, tokenizer_sha256
 from eagle3.train.checks import check_inputs
@@ -123,6 +124,7 @@ def prepare_dflash_inputs(params: Params, features: Path, mapping: Path, report:
         t2d,
         cfg,
         features_sha256=features_sha256,
+        family=family_record(params),
         target_tokenizer_sha256=tokenizer_sha256(folder) if folder.is_dir() else None,
     )
     master, autocast = precision(params.train, cfg)

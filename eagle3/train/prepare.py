@@ -21,6 +21,7 @@ from eagle3.core.stageio import code_sha256, sha256_file, sha256_json
 from eagle3.data.store import MANIFEST, FeatureStore
 from eagle3.drafter.config import DrafterConfig
 from eagle3.drafter.cost import training_memory
+from eagle3.drafter.family import family_record
 from eagle3.drafter.warm_start import InitDrafter, check_against_target, read_init_drafter
 from eagle3.dtypes.policy import resolve_dtype
 from eagle3.dtypes.precision import precision_of
@@ -210,7 +211,7 @@ def prepare_inputs(params: Params, features: Path, mapping: Path, report: Path) 
         t2d,
         cfg,
         features_sha256=features_sha256,
-        vocab_size=params.vocab.size,
+        family=family_record(params),
         target_tokenizer_sha256=tokenizer_sha256(folder) if folder.is_dir() else None,
     )
     check_target_topk(params.train, store.target_topk)

@@ -9,6 +9,7 @@ import argparse
 import difflib
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -69,7 +70,24 @@ def _reruns(key: str) -> str:
         if any(k in (key, key.split(".")[0]) or k.startswith(key + ".") for k in s.param_keys)
     ]
     text = f"re-runs: {', '.join(listed)}" if listed else "re-runs nothing (no stage lists it)"
+    if after := [name for name in _downstream(listed) if name not in listed]:
+        text += f"; then, where their outputs change, {', '.join(after)}"
     return text + (f"; changes no byte: {TRANSPORT_KEYS[key]}" if key in TRANSPORT_KEYS else "")
+
+
+def _downstream(names: list[str]) -> list[str]:
+    """`names` and every stage that reads, directly or not, what they write, in pipeline order.
+    Not through an always-changed stage (dtypes): it runs every time, and its decisions follow
+    the machine, rarely a key."""
+    from eagle3.core.pipeline import STAGES
+
+    reached = {s.name for s in STAGES if s.name in names and not s.always_changed}
+    for stage in STAGES:  # declared in pipeline order: a stage reads only earlier stages' outputs
+        written = {path for s in STAGES if s.name in reached for path in s.output_paths}
+        read = {Path(getattr(r, "value", r)).as_posix() for r in stage.reads}
+        if read & written:
+            reached.add(stage.name)
+    return [s.name for s in STAGES if s.name in reached or s.name in names]
 
 
 def _yaml(value: Any) -> str:
