@@ -68,6 +68,22 @@ def test_table_fits_80_columns_and_marks_rows_from_another_machine():
     assert "different machines" not in render(SWEEP)
 
 
+def test_each_row_names_the_shape_it_drafted_at_and_a_mix_of_shapes_is_flagged():
+    # acceptance compares only at one shape: an EAGLE-3 tree and a DFlash block each get a letter
+    tree = {"eval.mode": "tree", "eval.k": 5, "eval.topk": 8, "eval.tree_budget": 16, "eval.lookup_tokens": 0}
+    eagle3 = Experiment("eagle3-1m", {"vocab.size": 8192} | tree, row("e", 8192, 0.93, 1.82, 38, 0.9).metrics)
+    block = {"drafter.kind": "dflash", "dflash.block_size": 8, "vocab.size": 8192} | tree
+    dflash = Experiment("dflash-1m", block, row("d", 49152, 1.0, 1.33, 27, 0.7).metrics)
+    text = render([eagle3, dflash])
+    assert max(map(len, text.splitlines())) <= 80
+    assert "a: EAGLE-3 tree 5/8/16" in text and "b: DFlash block 8" in text
+    assert "drafted at 2 shapes" in text
+    # a DFlash drafter drafts from the whole vocabulary through the target's own head
+    assert "8192→49152" not in text and "target" in text.split("dflash-1m")[1].splitlines()[0]
+    same = [Experiment(e.name, e.params | tree, e.metrics) for e in SWEEP]
+    assert "shapes" not in render(same) and "a: EAGLE-3 tree 5/8/16" in render(same)
+
+
 def test_rows_differing_only_in_extract_or_train_dtype_share_a_letter():
     # a queued DVC experiment skips extraction, so its MLflow run carries no extract dtype; its
     # speeds, taken by speculative-eval on the same machine and decoding dtypes, still compare

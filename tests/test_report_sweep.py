@@ -148,6 +148,7 @@ def test_queued_sweep_reuses_one_extraction_and_is_compared_and_reported(tmp_pat
         cells = next(x for x in lines if x.startswith(f"| {name} |")).split("|")
         row = dict(zip(header, (c.strip() for c in cells), strict=True))
         assert 0 <= float(row["held-out top-1"]) <= 1
+        assert row["drafted at"].startswith("EAGLE-3 tree ")  # from the row's params: eval.mode tree
         assert all(0 <= float(share) <= 1 for share in row["accepted by draft position"].split(" / "))
     assert "Speedup peaks at a draft vocabulary of" in markdown or "No size is measurably faster" in markdown
     for plot in ("coverage", "acceptance_length", "draft_ms_per_step", "speedup"):

@@ -16,6 +16,7 @@ import yaml
 
 from eagle3.core.params import flatten
 from eagle3.core.pipeline import STAGE_BY_NAME, STAGES
+from eagle3.sweep.depth import shape_name
 
 # The facts (not numbers) of where a row was measured, per stage metrics file.
 DTYPE_KEYS = {"extract": "dtype", "train": "dtype", "speculative-eval": "dtype"}
@@ -59,6 +60,27 @@ class Experiment:
         if size is None:
             size = self.params.get("vocab.size")
         return int(size) if isinstance(size, (int, float)) else None
+
+    @property
+    def kind(self) -> str:
+        """The drafter family (drafter.kind; runs before it existed: eagle3)."""
+        return str(self.params.get("drafter.kind") or "eagle3")
+
+    @property
+    def decoded_at(self) -> str | None:
+        """The shape speculative-eval drafted at, from the row's params ("tree 5/8/16", "block 8"):
+        acceptance compares only at one shape, or as each drafter at its own serving shape."""
+        p = self.params
+        if self.kind == "dflash":
+            size = p.get("dflash.block_size")
+            return None if size is None else f"DFlash {shape_name({'mode': 'block', 'block_size': size})}"
+        keys = ("mode", "k", "topk", "tree_budget", "lookup_tokens")
+        settings = {key: p.get(f"eval.{key}") for key in keys}
+        if None in (settings["mode"], settings["k"]) or (
+            settings["mode"] == "tree" and None in (settings["topk"], settings["tree_budget"])
+        ):
+            return None
+        return f"EAGLE-3 {shape_name(settings)}"
 
     @property
     def measured_on(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:

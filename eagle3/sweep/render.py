@@ -29,6 +29,7 @@ TABLE: tuple[Column, ...] = (
     ("trainable params (plan)", lambda e: fmt(planned(e, "trainable"), ",.0f")),
     ("draft GFLOP/step (plan)", lambda e: fmt(planned(e, "draft_gflop"), ".3f")),
     ("held-out top-1", lambda e: fmt(e.number("heldout_acc_0"), ".4f")),
+    ("drafted at", lambda e: e.decoded_at or "-"),  # acceptance compares at one shape
     ("acceptance length [95% CI]", lambda e: _ci(e, "acceptance_length")),
     ("accepted by draft position", lambda e: _by_position(e)),
     ("drafter's share", lambda e: fmt(e.number("drafter_acceptance_length"), ".2f")),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from string import ascii_uppercase
+from string import ascii_lowercase, ascii_uppercase
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
@@ -52,14 +52,20 @@ def _size(e: Experiment) -> str:
     requested, used = e.params.get("vocab.size"), e.draft_vocab_size
     if used is None:
         return MISSING
-    # a size above the target's vocabulary runs as the full vocabulary: show both
-    return f"{used}" if requested in (None, used) else f"{requested}→{used}"
+    # a size above the target's vocabulary runs as the full vocabulary: show both (a DFlash
+    # drafter always drafts from the whole vocabulary: vocab.size says nothing there)
+    return f"{used}" if requested in (None, used) or e.kind == "dflash" else f"{requested}→{used}"
+
+
+def _head(e: Experiment) -> str:
+    # a DFlash drafter drafts through the target's own lm_head: it trains none
+    return "target" if e.kind == "dflash" else _params_count(e.number("lm_head_params"))
 
 
 QUALITY: list[tuple[str, Callable[[Experiment], str]]] = [
     ("vocab\nsize", _size),
     ("coverage", lambda e: _num(e.number("coverage"), ".4f")),
-    ("lm_head\nparams", lambda e: _params_count(e.number("lm_head_params"))),
+    ("lm_head\nparams", _head),
     ("acceptance length\n[95% CI]", lambda e: _with_interval(e, "acceptance_length", ".2f")),
     ("accept\nrate", lambda e: _num(e.number("acceptance_rate"), ".3f")),
 ]
@@ -71,6 +77,15 @@ SPEED: list[tuple[str, Callable[[Experiment], str]]] = [
 ]
 
 
+def shape_letters(experiments: list[Experiment]) -> dict[str, str]:
+    """A lower-case letter per decoding shape, in order of first appearance."""
+    letters: dict[str, str] = {}
+    for e in experiments:
+        if e.decoded_at is not None and e.decoded_at not in letters:
+            letters[e.decoded_at] = ascii_lowercase[len(letters) % 26]
+    return letters
+
+
 def machine_letters(experiments: list[Experiment]) -> dict[tuple, str]:
     """A letter per (machine, dtypes) in order of first appearance; rows never measured get none."""
     letters: dict[tuple, str] = {}
@@ -80,15 +95,16 @@ def machine_letters(experiments: list[Experiment]) -> dict[tuple, str]:
     return letters
 
 
-def _table(title: str, columns: list, experiments: list[Experiment], extra: Callable | None = None) -> Table:
+def _table(
+    title: str, columns: list, experiments: list[Experiment], extra: Callable, extra_label: str
+) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("experiment", overflow="fold", no_wrap=False, max_width=20)
-    if extra is not None:
-        table.add_column("meas.\non", justify="center")
+    table.add_column(extra_label, justify="center")
     for label, _ in columns:
         table.add_column(label, justify="right", overflow="fold")
     for e in experiments:
-        cells = [e.label] + ([extra(e)] if extra is not None else []) + [get(e) for _, get in columns]
+        cells = [e.label, extra(e)] + [get(e) for _, get in columns]
         table.add_row(*cells)
     return table
 
@@ -100,15 +116,31 @@ def _dtypes_text(dtypes: dict[str, str]) -> str:
 
 def comparison(experiments: list[Experiment]) -> RenderableType:
     """Both tables and the legend of where each speed was measured."""
-    letters = machine_letters(experiments)
-    quality = _table("Draft vocabulary and acceptance", QUALITY, experiments)
+    letters, shapes = machine_letters(experiments), shape_letters(experiments)
+    quality = _table(
+        "Draft vocabulary and acceptance (at: the shape drafted at)",
+        QUALITY,
+        experiments,
+        lambda e: shapes.get(e.decoded_at, MISSING),
+        "at",
+    )
     speed = _table(
         "Speed (compare rows with the same letter only)",
         SPEED,
         experiments,
-        extra=lambda e: letters.get(e.measured_on, MISSING),
+        lambda e: letters.get(e.measured_on, MISSING),
+        "meas.\non",
     )
     legend = Text()
+    for shape, letter in shapes.items():
+        legend.append(f"{letter}: ", style="bold")
+        legend.append(f"{shape}\n")
+    if len(shapes) > 1:
+        legend.append(
+            f"note: these rows drafted at {len(shapes)} shapes; acceptance compares at one shape, or as "
+            "each drafter at its own serving shape (`python -m bench.trees` pairs them in one run).\n",
+            style="yellow",
+        )
     for (machine, dtypes), letter in letters.items():
         legend.append(f"{letter}: ", style="bold")
         legend.append(f"{machine}; {_dtypes_text(dict(dtypes))}\n")
