@@ -10,7 +10,7 @@ speed row carries a letter for where it was measured and a legend spells the let
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from string import ascii_lowercase, ascii_uppercase
 from typing import TYPE_CHECKING
 
@@ -77,22 +77,23 @@ SPEED: list[tuple[str, Callable[[Experiment], str]]] = [
 ]
 
 
+def _letters(keys: Iterable, alphabet: str) -> dict:
+    """A letter per distinct key, in order of first appearance; None gets none."""
+    letters: dict = {}
+    for key in keys:
+        if key is not None and key not in letters:
+            letters[key] = alphabet[len(letters) % len(alphabet)]
+    return letters
+
+
 def shape_letters(experiments: list[Experiment]) -> dict[str, str]:
     """A lower-case letter per decoding shape, in order of first appearance."""
-    letters: dict[str, str] = {}
-    for e in experiments:
-        if e.decoded_at is not None and e.decoded_at not in letters:
-            letters[e.decoded_at] = ascii_lowercase[len(letters) % 26]
-    return letters
+    return _letters((e.decoded_at for e in experiments), ascii_lowercase)
 
 
 def machine_letters(experiments: list[Experiment]) -> dict[tuple, str]:
     """A letter per (machine, dtypes) in order of first appearance; rows never measured get none."""
-    letters: dict[tuple, str] = {}
-    for e in experiments:
-        if e.machine is not None and e.measured_on not in letters:
-            letters[e.measured_on] = ascii_uppercase[len(letters) % 26]
-    return letters
+    return _letters((e.measured_on if e.machine is not None else None for e in experiments), ascii_uppercase)
 
 
 def _table(

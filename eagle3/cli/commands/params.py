@@ -81,13 +81,14 @@ def _downstream(names: list[str]) -> list[str]:
     the machine, rarely a key."""
     from eagle3.core.pipeline import STAGES
 
-    reached = {s.name for s in STAGES if s.name in names and not s.always_changed}
+    reached, written = [], set()
     for stage in STAGES:  # declared in pipeline order: a stage reads only earlier stages' outputs
-        written = {path for s in STAGES if s.name in reached for path in s.output_paths}
         read = {Path(getattr(r, "value", r)).as_posix() for r in stage.reads}
-        if read & written:
-            reached.add(stage.name)
-    return [s.name for s in STAGES if s.name in reached or s.name in names]
+        if (stage.name in names and not stage.always_changed) or read & written:
+            written |= set(stage.output_paths)
+        if stage.name in names or read & written:
+            reached.append(stage.name)
+    return reached
 
 
 def _yaml(value: Any) -> str:
